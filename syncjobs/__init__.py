@@ -1,0 +1,38 @@
+"""syncjobs: background jobs for synchronous Python (Django, Flask, scripts).
+
+Everything public is importable from here; see README.rst for the contract.
+"""
+
+from .context import RunInfo, current_job
+from .envelope import DeadLetter
+from .errors import Cancelled, Fatal, JobError, QueueError, Retryable
+from .job import DEFAULT_MAX_ATTEMPTS, Job
+from .memory import InMemoryJobQueue
+from .queue import DEFAULT_SHUTDOWN_GRACE, JobQueue
+from .retry import MAX_BACKOFF, retry_backoff, wait_seconds
+from .settings import connect, from_settings, inmemory_from_settings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_SHUTDOWN_GRACE",
+    "MAX_BACKOFF",
+    "Cancelled",
+    "DeadLetter",
+    "Fatal",
+    "InMemoryJobQueue",
+    "Job",
+    "JobError",
+    "JobQueue",
+    "QueueError",
+    "Retryable",
+    "RunInfo",
+    "__version__",
+    "connect",
+    "current_job",
+    "from_settings",
+    "inmemory_from_settings",
+    "retry_backoff",
+    "wait_seconds",
+]

@@ -1,0 +1,197 @@
+"""The README's main job: a few hundred mixed jobs through a real worker pool.
+
+Some jobs fail and are retried (with a short, overridden backoff so the demo
+takes seconds), one is a permanent failure that becomes a dead letter, and a
+``ContextVar`` set by the "request" travels into every job.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import random
+import sys
+import threading
+import time
+from typing import TextIO
+
+from .context import RunInfo, current_job
+from .envelope import DeadLetter
+from .errors import Fatal, Retryable
+from .job import Job
+from .memory import InMemoryJobQueue
+
+# The demo's progress tracker reaches the jobs the way a request id would:
+# through the context captured at dispatch.
+_tracker: contextvars.ContextVar[Tracker] = contextvars.ContextVar("syncjobs_demo_tracker")
+
+
+class Tracker:
+    """Counts what the jobs report, for the progress line and the summary."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.done = 0
+        self.runs = 0
+        self.dead: list[DeadLetter] = []
+        self._failing: set[str] = set()
+
+    def ran(self, ok: bool) -> None:
+        info = _run_info()
+        with self._lock:
+            self.runs += 1
+            if ok:
+                self.done += 1
+                self._failing.discard(info.id)
+            else:
+                self._failing.add(info.id)
+
+    def dead_letter(self, dead: DeadLetter) -> None:
+        with self._lock:
+            self.dead.append(dead)
+            self._failing.discard(dead.job_id)
+
+    @property
+    def retrying(self) -> int:
+        with self._lock:
+            return len(self._failing)
+
+
+def _run_info() -> RunInfo:
+    info = current_job()
+    if info is None:
+        raise RuntimeError("the demo's jobs run only inside a queue's worker")
+    return info
+
+
+def _work(seconds: float) -> None:
+    # Stands in for I/O (an SMTP call, an HTTP request); stops early at shutdown.
+    info = _run_info()
+    info.cancelled.wait(seconds)
+
+
+@dataclasses.dataclass
+class SendWelcomeEmail(Job):
+    NAME = "demo.send_welcome_email"
+    user_id: int
+
+    def run(self) -> None:
+        _work(0.004 + (self.user_id % 7) / 1000)
+        _tracker.get().ran(ok=True)
+
+
+@dataclasses.dataclass
+class ResizeImage(Job):
+    """Fails its first ``flaky_runs`` runs with a transient error."""
+
+    NAME = "demo.resize_image"
+    image_id: int
+    flaky_runs: int = 0
+
+    def run(self) -> None:
+        info = _run_info()
+        _work(0.008)
+        if info.attempt < self.flaky_runs:
+            _tracker.get().ran(ok=False)
+            raise Retryable("thumbnail service busy")
+        _tracker.get().ran(ok=True)
+
+    def retry_wait(self, failed_attempt: int) -> float:
+        # The default waits 1, 2, 4 ... seconds; a demo has no time for that.
+        return 0.1 * 2.0**failed_attempt
+
+
+@dataclasses.dataclass
+class CallSlowApi(Job):
+    """Times out on its first run: any exception is a failed run, retried."""
+
+    NAME = "demo.call_slow_api"
+    request_id: int
+
+    def run(self) -> None:
+        info = _run_info()
+        _work(0.012)
+        if info.attempt == 0 and self.request_id % 5 == 0:
+            _tracker.get().ran(ok=False)
+            raise TimeoutError("the API took too long")
+        _tracker.get().ran(ok=True)
+
+    def retry_wait(self, failed_attempt: int) -> float:
+        return 0.2
+
+
+@dataclasses.dataclass
+class ChargeCard(Job):
+    """A permanent failure: dead-lettered at once, never retried."""
+
+    NAME = "demo.charge_card"
+    order_id: int
+
+    def run(self) -> None:
+        _tracker.get().ran(ok=False)
+        raise Fatal(f"card declined for order {self.order_id}")
+
+
+def make_jobs(count: int, rng: random.Random) -> list[Job]:
+    jobs: list[Job] = [ChargeCard(order_id=1001)]
+    for i in range(count - 1):
+        kind = i % 3
+        if kind == 0:
+            jobs.append(SendWelcomeEmail(user_id=i))
+        elif kind == 1:
+            jobs.append(ResizeImage(image_id=i, flaky_runs=rng.choice((0, 0, 0, 1, 2))))
+        else:
+            jobs.append(CallSlowApi(request_id=i))
+    rng.shuffle(jobs)
+    return jobs
+
+
+def run_demo(*, jobs: int = 300, workers: int = 4, grace: float = 2.0, seed: int = 7, out: TextIO = sys.stdout) -> int:
+    """Run the demo; returns the process exit code (0 when every job ended as expected)."""
+    tracker = Tracker()
+    queue = InMemoryJobQueue(workers, shutdown_grace=grace)
+    for job_cls in (SendWelcomeEmail, ResizeImage, CallSlowApi, ChargeCard):
+        queue.register(job_cls)
+    queue.on_dead_letter(tracker.dead_letter)
+    live = out.isatty()
+    out.write(f"syncjobs demo: {jobs} jobs on an in-memory queue with {workers} workers\n")
+    started = time.monotonic()
+    interrupted = False
+    token = _tracker.set(tracker)
+    try:
+        queue.start()
+        for job in make_jobs(jobs, random.Random(seed)):
+            queue.dispatch(job)
+        last_line = 0.0
+        while not queue.join(timeout=0.05):
+            now = time.monotonic()
+            if live or now - last_line >= 1.0:
+                _progress(out, tracker, queue, live)
+                last_line = now
+    except KeyboardInterrupt:
+        interrupted = True
+        out.write(f"\ninterrupted: shutting down, running jobs get {grace:g}s\n")
+    finally:
+        _tracker.reset(token)
+        queue.shutdown()
+    _progress(out, tracker, queue, live)
+    out.write("\n" if live else "")
+    elapsed = time.monotonic() - started
+    out.write(
+        f"summary: {tracker.done} done, {len(tracker.dead)} dead, {queue.pending_count()} pending, "
+        f"{tracker.runs} runs in {elapsed:.2f}s\n"
+    )
+    for dead in tracker.dead:
+        out.write(f"  dead letter {dead.name} ({dead.job_id}) after {dead.attempts} run(s): {dead.error}\n")
+    if interrupted:
+        return 130
+    return 0 if tracker.done + len(tracker.dead) == jobs and queue.pending_count() == 0 else 1
+
+
+def _progress(out: TextIO, tracker: Tracker, queue: InMemoryJobQueue, live: bool) -> None:
+    line = (
+        f"done {tracker.done:>5} | retrying {tracker.retrying:>3} | dead {len(tracker.dead):>2} "
+        f"| pending {queue.pending_count():>5}"
+    )
+    out.write(f"\r{line}" if live else f"{line}\n")
+    out.flush()

@@ -1,0 +1,37 @@
+"""The envelope: one job on its way through a store, and the dead letter it may become."""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(slots=True)
+class Envelope:
+    """A dispatched job as the stores and the worker loop see it.
+
+    ``payload`` stays JSON text until a run decodes it, so every run rebuilds
+    the job from what was dispatched, never from what an earlier run changed.
+    """
+
+    id: str
+    name: str
+    payload: str
+    max_attempts: int
+    #: Runs already spent (the next run's 0-based number).
+    attempt: int = 0
+    #: The caller's context at dispatch; each run enters a fresh copy of it.
+    context: contextvars.Context = dataclasses.field(default_factory=contextvars.Context)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """A job that exhausted its attempts, raised ``Fatal``, or cannot be run."""
+
+    job_id: str
+    name: str
+    payload: dict[str, Any]
+    #: Runs spent.
+    attempts: int
+    error: str

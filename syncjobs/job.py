@@ -1,0 +1,98 @@
+"""The ``Job`` base class: a job is its payload plus a ``run()`` method."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, cast
+
+from typing_extensions import Self
+
+from .retry import retry_backoff
+
+DEFAULT_MAX_ATTEMPTS = 5
+
+
+class Job:
+    """Base class of every job.
+
+    Subclass it (a dataclass is the usual shape), give it a stable ``NAME`` and
+    a ``run()``.  The instance's fields are its payload: they travel as a JSON
+    object and the job is rebuilt from them for every run, so a run never sees
+    what an earlier run changed on its instance.
+    """
+
+    #: Stable identifier that routes payloads to this class. Required.
+    NAME: ClassVar[str]
+    #: Total runs allowed: one run plus ``MAX_ATTEMPTS - 1`` retries.
+    MAX_ATTEMPTS: ClassVar[int] = DEFAULT_MAX_ATTEMPTS
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A NAME left out may belong to an abstract intermediate class, so its
+        # absence is refused at register(); a NAME or MAX_ATTEMPTS written
+        # but wrong is refused here, where the mistake is.
+        if "NAME" in cls.__dict__:
+            check_name(cls)
+        if "MAX_ATTEMPTS" in cls.__dict__:
+            check_max_attempts(cls)
+
+    def run(self) -> None:
+        """Do the work. Return normally for success; raise to fail the run."""
+        raise NotImplementedError(f"{type(self).__qualname__} must define run()")
+
+    def to_payload(self) -> dict[str, Any]:
+        """The job's fields as a JSON-ready dict: a dataclass's ``__init__`` fields, else ``vars()``.
+
+        Fields with ``init=False`` are left out: ``__init__`` (or
+        ``__post_init__``) derives them again on the way back.
+        """
+        if _is_dataclass(type(self)):
+            fields = dataclasses.fields(cast(Any, self))
+            return {field.name: getattr(self, field.name) for field in fields if field.init}
+        return dict(vars(self))
+
+    @classmethod
+    def from_payload(cls, data: dict[str, Any]) -> Self:
+        """Rebuild a job from :meth:`to_payload`'s dict.
+
+        Dataclasses go through their ``__init__``; plain classes get their
+        attributes restored as they were, without calling ``__init__``.
+        """
+        if _is_dataclass(cls):
+            return cls(**data)
+        job = cls.__new__(cls)
+        vars(job).update(data)
+        return job
+
+    def retry_wait(self, failed_attempt: int) -> float:
+        """Seconds to wait before retrying after the 0-based run ``failed_attempt``.
+
+        Override it to change this job's backoff; :func:`syncjobs.wait_seconds`
+        turns any tenacity wait strategy into one.
+        """
+        return retry_backoff(failed_attempt)
+
+
+def _is_dataclass(cls: type) -> bool:
+    # A plain bool: is_dataclass()'s TypeGuard would narrow Job away for mypy.
+    return dataclasses.is_dataclass(cls)
+
+
+def check_name(cls: type) -> str:
+    """Return ``cls.NAME``, or raise ``TypeError`` saying why it cannot route payloads."""
+    name = getattr(cls, "NAME", None)
+    if not isinstance(name, str) or not name.strip():
+        raise TypeError(
+            f"job class {cls.__qualname__} needs a NAME: a non-empty string that routes payloads to it (got {name!r})"
+        )
+    return name
+
+
+def check_max_attempts(cls: type) -> int:
+    """Return ``cls.MAX_ATTEMPTS``, or raise ``TypeError`` unless it is an int >= 1."""
+    attempts = getattr(cls, "MAX_ATTEMPTS", None)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise TypeError(
+            f"job class {cls.__qualname__}: MAX_ATTEMPTS must be an int >= 1 (total runs), got {attempts!r}"
+        )
+    return attempts

@@ -1,0 +1,166 @@
+"""The in-memory backend: one process, nothing persisted.
+
+Ready envelopes wait in one ``queue.SimpleQueue`` that every worker blocks
+on; retries and delayed jobs wait in a :class:`~syncjobs.timers.TimerHeap`
+that moves them to the ready queue when due.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from .envelope import Envelope
+from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
+from .timers import TimerHeap
+
+logger = logging.getLogger("syncjobs")
+
+
+class _Wake:
+    """Put on the ready queue to wake one blocked worker (it is never a job)."""
+
+
+_WAKE = _Wake()
+
+
+class MemoryStore:
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        # SimpleQueue (C, lock-free for the GIL) rather than Queue: the loop
+        # needs only put and a blocking get, and this is the hot path.
+        self._ready: queue.SimpleQueue[Envelope | _Wake] = queue.SimpleQueue()
+        self.timers: TimerHeap[Envelope] = TimerHeap(self._ready.put, clock=clock)
+        # Unfinished jobs: bumped by put(), dropped by complete() and dead().
+        self._pending = 0
+        self._idle = threading.Condition(threading.Lock())
+
+    def put(self, envelope: Envelope, delay: float) -> None:
+        with self._idle:
+            self._pending += 1
+        if delay > 0:
+            self.timers.push(self._clock() + delay, envelope)
+        else:
+            self._ready.put(envelope)
+
+    def claim(self, stopping: threading.Event) -> Envelope | None:
+        item = self._ready.get()
+        # A stale wake-up from an earlier shutdown is harmless: the loop asks again.
+        return None if item is _WAKE else item  # type: ignore[return-value]
+
+    def complete(self, envelope: Envelope) -> None:
+        self._finish()
+
+    def dead(self, envelope: Envelope, error: str) -> None:
+        self._finish()
+
+    def park(self, envelope: Envelope, due: float) -> None:
+        self.timers.push(due, envelope)
+
+    def release(self, envelope: Envelope) -> None:
+        self._ready.put(envelope)
+
+    def wake(self, count: int) -> None:
+        for _ in range(count):
+            self._ready.put(_WAKE)
+
+    def pending(self) -> int:
+        return self._pending
+
+    def wait_empty(self, timeout: float | None) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def open(self) -> None:
+        self.timers.start()
+
+    def close(self) -> None:
+        self.timers.stop()
+
+    def _finish(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.notify_all()
+
+
+class InMemoryJobQueue(StoreQueue):
+    """A job queue inside this process: for development, tests, scripts and small apps.
+
+    Nothing is persisted: jobs still queued, parked or running when the
+    process exits are lost, and a WARNING at exit says how many.
+    ``workers=0`` queues jobs without running them.
+    """
+
+    def __init__(
+        self,
+        workers: int = 4,
+        *,
+        shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._memory = MemoryStore(clock)
+        super().__init__(self._memory, workers=workers, shutdown_grace=shutdown_grace, clock=clock)
+        _watch_at_exit(self)
+
+    def parked(self) -> list[tuple[float, str]]:
+        """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""
+        return [(due, envelope.id) for due, envelope in self._memory.timers.entries()]
+
+    def _exit_interpreter(self) -> None:
+        self.shutdown(grace=0)
+        lost = self.pending_count()
+        if lost:
+            logger.warning(
+                "the interpreter is exiting with %d job(s) still pending in an in-memory queue: they are lost "
+                "(call shutdown() and join() before exit, or use a database backend)",
+                lost,
+                extra={"lost": lost},
+            )
+
+
+class _ExitWatch:
+    """The in-memory queues alive in this process, stopped when the interpreter exits."""
+
+    def __init__(self) -> None:
+        self.live: weakref.WeakSet[InMemoryJobQueue] = weakref.WeakSet()
+        self.lock = threading.Lock()
+        self.registered = False
+
+
+_exit_watch = _ExitWatch()
+
+
+def _watch_at_exit(queue: InMemoryJobQueue) -> None:
+    _exit_watch.live.add(queue)
+    with _exit_watch.lock:
+        if _exit_watch.registered:
+            return
+        # threading's own exit hook (what concurrent.futures uses since
+        # bpo-39812) runs before non-daemon threads are joined: stopping the
+        # workers there is what lets the interpreter exit at all.  A plain
+        # atexit handler would run only after that join, which never ends.
+        # The hooks run last-registered first, and worker.py imports
+        # concurrent.futures.thread (which registers its joining hook) before
+        # any queue exists, so this one always runs before that join.
+        register: Any = getattr(threading, "_register_atexit", None)
+        if register is None:
+            return
+        try:
+            register(_exit_interpreter)
+        except RuntimeError:  # the interpreter is already shutting down
+            return
+        _exit_watch.registered = True
+
+
+def _exit_interpreter() -> None:
+    for live_queue in list(_exit_watch.live):
+        try:
+            live_queue._exit_interpreter()
+        except Exception:
+            logger.exception("syncjobs could not stop an in-memory queue at exit")

@@ -1,0 +1,78 @@
+"""JSON encoding of job payloads, refusing at dispatch what would not come back intact."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .errors import QueueError
+from .job import Job
+
+# allow_nan=False: NaN and Infinity are not JSON; other parsers reject them.
+_encoder = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+_decode = json.loads
+
+
+def encode(job: Job) -> str:
+    """The job's payload as JSON text, or ``QueueError`` naming the job and the field.
+
+    A payload must survive the round trip unchanged: a tuple that would come
+    back a list, or an int key that would come back a string, is refused here
+    rather than surprising the job at run time.
+    """
+    try:
+        payload = job.to_payload()
+    except Exception as exc:
+        raise QueueError(f"job {job.NAME!r}: to_payload() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise QueueError(f"job {job.NAME!r}: to_payload() must return a dict, got {type(payload).__name__}")
+    try:
+        text = _encoder.encode(payload)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {describe_problem(payload)}") from exc
+    if _decode(text) != payload:
+        raise QueueError(f"job {job.NAME!r}: payload does not survive a JSON round trip: {describe_problem(payload)}")
+    return text
+
+
+def decode(text: str) -> dict[str, Any]:
+    """The payload dict back from its JSON text."""
+    data = _decode(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"payload must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def describe_problem(payload: dict[str, Any]) -> str:
+    """Name the first field, by path, that JSON cannot carry unchanged, and why."""
+    problem = _find(payload, "", set())
+    return problem or "a value changes in the round trip"
+
+
+def _find(value: Any, path: str, seen: set[int]) -> str | None:
+    where = f"field {path!r}" if path else "the payload"
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where} is {value!r}, which JSON cannot represent"
+    if isinstance(value, (dict, list)):
+        if id(value) in seen:
+            return f"{where} contains itself (a reference cycle)"
+        seen = seen | {id(value)}
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                found = _find(item, f"{path}[{index}]", seen)
+                if found:
+                    return found
+            return None
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{where} has the key {key!r} of type {type(key).__name__}; JSON keys are strings"
+            found = _find(item, f"{path}.{key}" if path else key, seen)
+            if found:
+                return found
+        return None
+    if isinstance(value, tuple):
+        return f"{where} is a tuple, which comes back from JSON as a list"
+    return f"{where} is a {type(value).__name__}, which is not JSON-serializable"

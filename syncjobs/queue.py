@@ -1,0 +1,165 @@
+"""The ``JobQueue`` protocol and the queue logic every backend shares."""
+
+from __future__ import annotations
+
+import contextvars
+import datetime
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import Protocol, TypeVar, runtime_checkable
+
+from typing_extensions import Self
+
+from .dead_letters import DeadLetterCallback, DeadLetterHandlers
+from .envelope import Envelope
+from .errors import QueueError
+from .job import Job
+from .payload import encode
+from .registry import Registry
+from .worker import Store, WorkerPool
+
+#: Seconds running jobs get at ``shutdown()`` before they are asked to cancel.
+DEFAULT_SHUTDOWN_GRACE = 5.0
+
+J = TypeVar("J", bound=type[Job])
+C = TypeVar("C", bound=DeadLetterCallback)
+
+Delay = float | datetime.timedelta | None
+
+
+@runtime_checkable
+class JobQueue(Protocol):
+    """What every syncjobs backend offers; see the README for each method's contract."""
+
+    def register(self, job_cls: J) -> J: ...
+
+    def dispatch(self, job: Job, *, delay: Delay = None) -> str: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self, grace: float | None = None) -> None: ...
+
+    def pending_count(self) -> int: ...
+
+    def join(self, timeout: float | None = None) -> bool: ...
+
+    def on_dead_letter(self, callback: C) -> C: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class QueueStore(Store, Protocol):
+    """A store as a queue drives it: the worker loop's calls plus intake and lifecycle."""
+
+    def put(self, envelope: Envelope, delay: float) -> None: ...
+
+    def pending(self) -> int: ...
+
+    def wait_empty(self, timeout: float | None) -> bool: ...
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class StoreQueue:
+    """A ``JobQueue`` over one store: registration, dispatch checks, lifecycle."""
+
+    def __init__(
+        self,
+        store: QueueStore,
+        *,
+        workers: int,
+        shutdown_grace: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+        self.shutdown_grace = _check_grace(shutdown_grace, "shutdown_grace")
+        self.workers = workers
+        self._store = store
+        self._registry = Registry()
+        self._dead_letters = DeadLetterHandlers()
+        self._pool = WorkerPool(store, self._registry, self._dead_letters, workers=workers, clock=clock)
+        # start() and shutdown() one at a time; re-entrant so that a signal
+        # handler calling shutdown() in the middle of start() cannot deadlock.
+        self._lifecycle = threading.RLock()
+
+    def register(self, job_cls: J) -> J:
+        """Make ``job_cls`` runnable by this queue; usable as a class decorator."""
+        return self._registry.register(job_cls)
+
+    def dispatch(self, job: Job, *, delay: Delay = None) -> str:
+        """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``."""
+        job_cls = self._registry.check_dispatchable(job)
+        payload = encode(job)
+        seconds = _delay_seconds(job_cls.NAME, delay)
+        envelope = Envelope(
+            str(uuid.uuid4()), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, contextvars.copy_context()
+        )
+        self._store.put(envelope, seconds)
+        return envelope.id
+
+    def start(self) -> None:
+        """Spawn the workers; a no-op while they run, a fresh set after ``shutdown()``."""
+        with self._lifecycle:
+            if not self._pool.started:
+                self._store.open()
+                self._pool.start()
+
+    def shutdown(self, grace: float | None = None) -> None:
+        """Stop the workers within about ``grace`` seconds (default ``shutdown_grace``)."""
+        grace = self.shutdown_grace if grace is None else _check_grace(grace, "grace")
+        with self._lifecycle:
+            self._pool.shutdown(grace)
+            self._store.close()
+
+    def pending_count(self) -> int:
+        """Jobs not yet finished: queued, running and parked for a retry or a delay."""
+        return self._store.pending()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Block until no job is pending (True) or ``timeout`` seconds pass (False)."""
+        return self._store.wait_empty(timeout)
+
+    def on_dead_letter(self, callback: C) -> C:
+        """Call ``callback(dead_letter)`` for each job that will not run again; usable as a decorator."""
+        self._dead_letters.add(callback)
+        return callback
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.shutdown()
+
+
+def _check_grace(value: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{what} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
+
+
+def _delay_seconds(name: str, delay: Delay) -> float:
+    if delay is None:
+        return 0.0
+    if isinstance(delay, datetime.timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
+        seconds = float(delay)
+    else:
+        raise QueueError(f"job {name!r}: delay must be seconds or a timedelta, got {type(delay).__name__}")
+    if not 0 <= seconds < math.inf:
+        raise QueueError(f"job {name!r}: delay must be >= 0 and finite, got {delay!r}")
+    return seconds

@@ -1,0 +1,48 @@
+"""Which job class runs which NAME, per queue."""
+
+from __future__ import annotations
+
+import threading
+from typing import TypeVar
+
+from .errors import QueueError
+from .job import Job, check_max_attempts, check_name
+
+J = TypeVar("J", bound=type[Job])
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._by_name: dict[str, type[Job]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, job_cls: J) -> J:
+        if not (isinstance(job_cls, type) and issubclass(job_cls, Job)):
+            raise TypeError(f"register() takes a subclass of syncjobs.Job, got {job_cls!r}")
+        name = check_name(job_cls)
+        check_max_attempts(job_cls)
+        with self._lock:
+            taken = self._by_name.setdefault(name, job_cls)
+        if taken is not job_cls:
+            raise QueueError(f"job NAME {name!r} of {_qualified(job_cls)} is already taken by {_qualified(taken)}")
+        return job_cls
+
+    def get(self, name: str) -> type[Job] | None:
+        return self._by_name.get(name)
+
+    def check_dispatchable(self, job: object) -> type[Job]:
+        """The job's class, if this queue can run it; else ``QueueError`` saying why."""
+        cls = type(job)
+        if not isinstance(job, Job):
+            raise QueueError(f"dispatch() takes a syncjobs.Job instance, got {cls.__qualname__}")
+        name = getattr(cls, "NAME", None)
+        if not isinstance(name, str) or self._by_name.get(name) is not cls:
+            raise QueueError(
+                f"job {name!r} ({_qualified(cls)}) is not registered with this queue: "
+                f"call queue.register({cls.__name__}) first"
+            )
+        return cls
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

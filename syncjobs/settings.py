@@ -1,0 +1,72 @@
+"""Queues built from a settings mapping or a URL, as an app's configuration names them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from .errors import QueueError
+from .memory import InMemoryJobQueue
+from .queue import DEFAULT_SHUTDOWN_GRACE, JobQueue
+
+logger = logging.getLogger("syncjobs")
+
+KNOWN_KEYS = frozenset({"backend", "url", "concurrency", "shutdown_grace"})
+AVAILABLE_BACKENDS = ("memory",)
+DEFAULT_CONCURRENCY = 4
+
+
+def from_settings(settings: Mapping[str, Any]) -> JobQueue:
+    """A queue from ``{"backend", "url", "concurrency", "shutdown_grace"}``; unknown keys are refused."""
+    _check_keys(settings)
+    backend = settings.get("backend", "memory")
+    if backend != "memory":
+        raise QueueError(
+            f"unknown backend {backend!r} in settings: this version of syncjobs has "
+            f"{', '.join(map(repr, AVAILABLE_BACKENDS))}"
+        )
+    url = settings.get("url")
+    if url not in (None, "", "memory://"):
+        raise QueueError(f"the memory backend takes no url (or 'memory://'), got {url!r}")
+    return _memory_queue(settings)
+
+
+def inmemory_from_settings(settings: Mapping[str, Any]) -> InMemoryJobQueue:
+    """Always an in-memory queue (for tests and dev), whatever backend the settings name."""
+    _check_keys(settings)
+    backend = settings.get("backend", "memory")
+    if backend != "memory":
+        logger.warning("settings name the %r backend; using an in-memory queue instead", backend)
+    return _memory_queue(settings)
+
+
+def connect(url: str, **options: Any) -> JobQueue:
+    """A queue for ``url`` (``memory://`` in this version); ``options`` go to its constructor."""
+    scheme = urlsplit(url).scheme if isinstance(url, str) else None
+    if scheme == "memory":
+        return InMemoryJobQueue(**options)
+    raise QueueError(f"no backend for the URL {url!r}: this version of syncjobs supports 'memory://'")
+
+
+def _check_keys(settings: Mapping[str, Any]) -> None:
+    if not isinstance(settings, Mapping):
+        raise QueueError(f"settings must be a mapping, got {type(settings).__name__}")
+    unknown = sorted(set(settings) - KNOWN_KEYS)
+    if unknown:
+        raise QueueError(
+            f"unknown settings key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(sorted(KNOWN_KEYS))}"
+        )
+
+
+def _memory_queue(settings: Mapping[str, Any]) -> InMemoryJobQueue:
+    concurrency = settings.get("concurrency")
+    grace = settings.get("shutdown_grace")
+    try:
+        return InMemoryJobQueue(
+            DEFAULT_CONCURRENCY if concurrency is None else concurrency,
+            shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
+        )
+    except ValueError as exc:
+        raise QueueError(f"bad settings: {exc}") from exc

@@ -1,0 +1,107 @@
+"""One timer thread over a heap of due times: retries and delayed jobs wait here.
+
+Entries are ``(due, seq, item)``: the ``itertools.count`` tie-break means two
+entries due at the same moment never compare their items (as ``sched`` does).
+The thread sleeps on a ``Condition`` until the earliest entry is due, and is
+woken when an earlier one arrives, so there is no polling and no thread per
+timer.  The clock is injected so that tests move time instead of waiting.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+Clock = Callable[[], float]
+
+
+class TimerHeap(Generic[T]):
+    """Hands each item to ``on_due`` once the clock reaches its due time."""
+
+    def __init__(self, on_due: Callable[[T], None], *, clock: Clock = time.monotonic, name: str = "syncjobs-timer"):
+        self._on_due = on_due
+        self._clock = clock
+        self._name = name
+        self._heap: list[tuple[float, int, T]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        # Bumped by every start() and stop(): a thread whose generation is
+        # gone leaves its loop, so a quick stop-then-start never runs two.
+        self._generation = 0
+        self._thread: threading.Thread | None = None
+
+    def push(self, due: float, item: T) -> None:
+        """Hold ``item`` until ``due`` (a reading of the clock)."""
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), item))
+            if self._heap[0][2] is item:
+                # Earlier than what the thread sleeps towards: wake it.
+                self._cond.notify()
+
+    def pop_due(self, now: float) -> list[T]:
+        """Remove and return, earliest first, every item due at or before ``now``."""
+        with self._cond:
+            return self._pop_due_locked(now)
+
+    def next_due(self) -> float | None:
+        with self._cond:
+            return self._heap[0][0] if self._heap else None
+
+    def entries(self) -> list[tuple[float, T]]:
+        """``(due, item)`` for every waiting item, earliest first."""
+        with self._cond:
+            return [(due, item) for due, _, item in sorted(self._heap, key=lambda entry: entry[:2])]
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._heap)
+
+    def wake(self) -> None:
+        """Make the thread look at the clock again (for clocks that jump, as in tests)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is not None:
+                return
+            self._generation += 1
+            self._thread = threading.Thread(target=self._run, args=(self._generation,), name=self._name, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop handing items over; waiting items keep their due times."""
+        with self._cond:
+            thread, self._thread = self._thread, None
+            self._generation += 1
+            self._cond.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            # The thread runs no user code, only on_due, which must not block.
+            thread.join(timeout=5.0)
+
+    def _pop_due_locked(self, now: float) -> list[T]:
+        due: list[T] = []
+        while self._heap and self._heap[0][0] <= now:
+            due.append(heapq.heappop(self._heap)[2])
+        return due
+
+    def _run(self, generation: int) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    if self._generation != generation:
+                        return
+                    ready = self._pop_due_locked(self._clock())
+                    if ready:
+                        break
+                    timeout = self._heap[0][0] - self._clock() if self._heap else None
+                    self._cond.wait(timeout)
+            # Hand over outside the lock, so push() never waits on on_due.
+            for item in ready:
+                self._on_due(item)

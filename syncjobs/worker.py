@@ -1,0 +1,301 @@
+"""The worker loop, written once for every backend.
+
+A backend is a *store* (see :class:`Store`): it keeps envelopes and knows how
+to hand one out, finish it, park it for later, dead-letter it and take it
+back.  Everything else, running the job in its context, deciding the outcome,
+retries, dead letters and shutdown, lives here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see memory._watch_at_exit
+from typing import Protocol
+
+from .context import RunInfo, reset_current, set_current
+from .dead_letters import DeadLetterHandlers
+from .envelope import DeadLetter, Envelope
+from .errors import Cancelled, Fatal, Retryable
+from .job import Job
+from .payload import decode
+from .registry import Registry
+from .retry import retry_backoff
+
+logger = logging.getLogger("syncjobs")
+
+
+class Store(Protocol):
+    """Where envelopes wait. The worker loop calls nothing else."""
+
+    def claim(self, stopping: threading.Event) -> Envelope | None:
+        """Block until an envelope is ready; ``None`` when woken by :meth:`wake`."""
+
+    def complete(self, envelope: Envelope) -> None:
+        """The run succeeded: the job is finished."""
+
+    def park(self, envelope: Envelope, due: float) -> None:
+        """Hold the envelope (its ``attempt`` already advanced) until the clock reads ``due``."""
+
+    def dead(self, envelope: Envelope, error: str) -> None:
+        """The job is finished as a dead letter."""
+
+    def release(self, envelope: Envelope) -> None:
+        """Put a claimed envelope back to be claimed again, with its ``attempt`` as set."""
+
+    def wake(self, count: int) -> None:
+        """Wake up to ``count`` workers blocked in :meth:`claim`."""
+
+
+class Outcome(enum.Enum):
+    DONE = "done"
+    RETRY = "retry"
+    DEAD = "dead"
+    ABORTED = "aborted"
+
+
+@dataclasses.dataclass(eq=False)
+class _Run:
+    """One run in progress; ``abandoned`` once shutdown has handed it back."""
+
+    envelope: Envelope
+    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    abandoned: bool = False
+
+
+@dataclasses.dataclass(eq=False)
+class _Generation:
+    """The workers of one ``start()``; a later ``start()`` never reuses them."""
+
+    stopping: threading.Event
+    executor: ThreadPoolExecutor | None
+    futures: list[concurrent.futures.Future[None]]
+
+
+class WorkerPool:
+    """``workers`` threads of a ``ThreadPoolExecutor``, each looping on the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        registry: Registry,
+        dead_letters: DeadLetterHandlers,
+        *,
+        workers: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._registry = registry
+        self._dead_letters = dead_letters
+        self._workers = workers
+        self._clock = clock
+        # Guards _running and the abandoned flags: a run's outcome is applied
+        # by whichever of the worker or shutdown takes it out of _running.
+        self._lock = threading.Lock()
+        self._running: set[_Run] = set()
+        self._generation: _Generation | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._generation is not None
+
+    def running_count(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def start(self) -> None:
+        if self._generation is not None:
+            return
+        generation = _Generation(threading.Event(), None, [])
+        if self._workers:
+            executor = ThreadPoolExecutor(self._workers, thread_name_prefix="syncjobs-worker")
+            generation.executor = executor
+            for _ in range(self._workers):
+                future = executor.submit(self._loop, generation)
+                future.add_done_callback(_report_crash)
+                generation.futures.append(future)
+        self._generation = generation
+
+    def shutdown(self, grace: float) -> None:
+        """Stop claiming, give running jobs ``grace`` seconds in all, then hand back the rest."""
+        generation, self._generation = self._generation, None
+        if generation is None:
+            return
+        deadline = time.monotonic() + grace
+        with self._lock:
+            generation.stopping.set()
+        self._store.wake(self._workers)
+        if generation.futures:
+            # One deadline shared by all workers, not grace per worker.
+            concurrent.futures.wait(generation.futures, timeout=max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            stranded = list(self._running)
+            for run in stranded:
+                run.abandoned = True
+            self._running.clear()
+        for run in stranded:
+            run.cancelled.set()
+            envelope = run.envelope
+            logger.warning(
+                "job %s (%s) still running after the shutdown grace of %.1fs: cancelled and handed back",
+                envelope.name,
+                envelope.id,
+                grace,
+                extra=_extra(envelope),
+            )
+            self._hand_back(envelope, "aborted at shutdown")
+        if generation.executor is not None:
+            # Threads stuck in a job that ignores its cancel token are left
+            # behind; the next start() builds a fresh executor.
+            generation.executor.shutdown(wait=False)
+
+    # -- the loop ---------------------------------------------------------
+
+    def _loop(self, generation: _Generation) -> None:
+        store = self._store
+        stopping = generation.stopping
+        while not stopping.is_set():
+            envelope = store.claim(stopping)
+            if envelope is None:
+                continue
+            run = _Run(envelope)
+            with self._lock:
+                # Checked under the lock that shutdown sets it under: either
+                # shutdown sees this run, or this worker sees shutdown.
+                if stopping.is_set():
+                    store.release(envelope)
+                    return
+                self._running.add(run)
+            self._apply(run, *self._execute(run))
+
+    def _execute(self, run: _Run) -> tuple[Outcome, str, Job | None, BaseException | None]:
+        envelope = run.envelope
+        job_cls = self._registry.get(envelope.name)
+        if job_cls is None:
+            return Outcome.DEAD, f"cannot be run: no job class is registered as {envelope.name!r}", None, None
+        try:
+            job = job_cls.from_payload(decode(envelope.payload))
+        except Exception as exc:  # noqa: BLE001 - whatever from_payload raises, the row cannot run
+            return Outcome.DEAD, f"cannot be run: payload does not fit {envelope.name!r}: {_describe(exc)}", None, exc
+        info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts, run.cancelled)
+        try:
+            # A fresh copy per run: one Context cannot be entered by two
+            # threads at once, and what the job sets must not leak anywhere.
+            envelope.context.copy().run(_invoke, job, info)
+        except Cancelled:
+            return Outcome.ABORTED, "cancelled", job, None
+        except Fatal as exc:
+            return Outcome.DEAD, str(exc), job, None
+        except Retryable as exc:
+            return Outcome.RETRY, str(exc), job, None
+        except BaseException as exc:  # noqa: BLE001 - any failure of user code is a failed run; the worker survives
+            # The traceback goes to the log; the dead letter keeps the one-line reason.
+            return Outcome.RETRY, f"job raised {_describe(exc)}", job, exc
+        return Outcome.DONE, "", job, None
+
+    def _apply(self, run: _Run, outcome: Outcome, error: str, job: Job | None, exc: BaseException | None) -> None:
+        with self._lock:
+            if run.abandoned:
+                # Shutdown already handed this run back: its late outcome is void.
+                logger.debug("late finish of abandoned job %s (%s) ignored", run.envelope.name, run.envelope.id)
+                return
+            self._running.discard(run)
+        envelope = run.envelope
+        if outcome is Outcome.DONE:
+            self._store.complete(envelope)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("job %s (%s) done", envelope.name, envelope.id, extra=_extra(envelope))
+        elif outcome is Outcome.ABORTED:
+            self._hand_back(envelope, "cancelled")
+        elif outcome is Outcome.DEAD:
+            if job is not None:  # a run happened and is spent
+                envelope.attempt += 1
+            self._dead(envelope, error, exc)
+        else:
+            self._retry(envelope, error, job, exc)
+
+    def _retry(self, envelope: Envelope, error: str, job: Job | None, exc: BaseException | None) -> None:
+        failed = envelope.attempt
+        envelope.attempt += 1
+        if envelope.attempt >= envelope.max_attempts:
+            self._dead(envelope, error, exc)
+            return
+        wait = _retry_wait(job, failed, envelope)
+        # INFO: a retry is the queue working as designed; the dead letter, if
+        # it comes to that, is the WARNING or ERROR.
+        logger.info(
+            "job %s (%s) failed run %d of %d, retrying in %.3gs: %s",
+            envelope.name,
+            envelope.id,
+            envelope.attempt,
+            envelope.max_attempts,
+            wait,
+            error,
+            exc_info=exc,
+            extra=_extra(envelope),
+        )
+        self._store.park(envelope, self._clock() + wait)
+
+    def _hand_back(self, envelope: Envelope, why: str) -> None:
+        """A run that did not finish: its attempt is spent, and it runs again unless that was the last."""
+        envelope.attempt += 1
+        if envelope.attempt >= envelope.max_attempts:
+            self._dead(envelope, f"{why} on its last attempt ({envelope.attempt} of {envelope.max_attempts})")
+        else:
+            self._store.release(envelope)
+
+    def _dead(self, envelope: Envelope, error: str, exc: BaseException | None = None) -> None:
+        # The store first, so pending_count() is already down when callbacks run.
+        self._store.dead(envelope, error)
+        try:
+            payload = decode(envelope.payload)
+        except ValueError:
+            payload = {}
+        dead = DeadLetter(envelope.id, envelope.name, payload, envelope.attempt, error)
+        self._dead_letters.emit(dead, envelope.context, exc)
+
+
+def _invoke(job: Job, info: RunInfo) -> None:
+    token = set_current(info)
+    try:
+        job.run()
+    finally:
+        reset_current(token)
+
+
+def _retry_wait(job: Job | None, failed: int, envelope: Envelope) -> float:
+    if job is None:
+        return retry_backoff(failed)
+    try:
+        wait = float(job.retry_wait(failed))
+    except Exception:
+        logger.exception("retry_wait() of job %s (%s) failed; using the default backoff", envelope.name, envelope.id)
+        return retry_backoff(failed)
+    if not 0 <= wait < float("inf"):
+        logger.error(
+            "retry_wait() of job %s (%s) returned %r; using the default backoff", envelope.name, envelope.id, wait
+        )
+        return retry_backoff(failed)
+    return wait
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _extra(envelope: Envelope) -> dict[str, object]:
+    return {"job_name": envelope.name, "job_id": envelope.id, "attempt": envelope.attempt}
+
+
+def _report_crash(future: concurrent.futures.Future[None]) -> None:
+    """A worker loop that dies is a bug in syncjobs: report it as an uncaught thread exception."""
+    exc = future.exception() if not future.cancelled() else None
+    if exc is None:
+        return
+    logger.critical("a syncjobs worker loop crashed", exc_info=exc)
+    threading.excepthook(threading.ExceptHookArgs((type(exc), exc, exc.__traceback__, threading.current_thread())))

@@ -1,0 +1,157 @@
+"""Jobs and tools the tests share.
+
+A job is rebuilt from JSON for every run, so it cannot carry an Event; it
+carries the id of a :class:`Probe` instead, which the test holds.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import syncjobs
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="no-request")
+
+PROBES: dict[str, Probe] = {}
+
+#: Generous bound for anything a test waits on; pytest-timeout is the backstop.
+WAIT = 10.0
+
+
+class Probe:
+    """Scripts what a ProbeJob does on each attempt and records every run.
+
+    Actions: ``ok``, ``retryable``, ``fatal``, ``crash`` (ValueError),
+    ``block`` (wait for :attr:`release`, ignoring cancellation), ``cooperate``
+    (wait for release or cancellation, raising ``Cancelled`` on the latter),
+    ``cancel`` (raise ``Cancelled`` at once), ``set_context``.
+    The last action repeats for later attempts.
+    """
+
+    def __init__(self, *actions: str, wait: float | None = 0.0) -> None:
+        self.id = uuid.uuid4().hex
+        self.actions = list(actions) or ["ok"]
+        self.wait = wait  # retry_wait override; None means the default backoff
+        self.runs: list[dict[str, Any]] = []
+        self.finished: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        self.cond = threading.Condition()
+        PROBES[self.id] = self
+
+    def action(self, attempt: int) -> str:
+        return self.actions[min(attempt, len(self.actions) - 1)]
+
+    def wait_runs(self, count: int, timeout: float = WAIT) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.runs) >= count, timeout):
+                raise AssertionError(f"expected {count} run(s), saw {len(self.runs)}")
+
+    def wait_finished(self, count: int, timeout: float = WAIT) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: len(self.finished) >= count, timeout):
+                raise AssertionError(f"expected {count} finished run(s), saw {len(self.finished)}")
+
+    @property
+    def attempts(self) -> list[int]:
+        return [run["attempt"] for run in self.runs]
+
+
+@dataclasses.dataclass
+class ProbeJob(syncjobs.Job):
+    NAME = "tests.probe"
+    probe: str
+    label: int = 0
+
+    def run(self) -> None:
+        probe = PROBES[self.probe]
+        info = syncjobs.current_job()
+        assert info is not None
+        record = {
+            "attempt": info.attempt,
+            "id": info.id,
+            "name": info.name,
+            "max_attempts": info.max_attempts,
+            "label": self.label,
+            "request_id": request_id.get(),
+            "info": info,
+        }
+        with probe.cond:
+            probe.runs.append(record)
+            probe.cond.notify_all()
+        try:
+            self._act(probe.action(info.attempt), probe, info)
+        finally:
+            with probe.cond:
+                probe.finished.append(record)
+                probe.cond.notify_all()
+
+    def _act(self, action: str, probe: Probe, info: syncjobs.RunInfo) -> None:
+        if action == "ok":
+            return
+        if action == "retryable":
+            raise syncjobs.Retryable("try again")
+        if action == "fatal":
+            raise syncjobs.Fatal("nope")
+        if action == "crash":
+            raise ValueError("boom")
+        if action == "block":
+            assert probe.release.wait(WAIT), "the test never released a blocked job"
+            return
+        if action == "cooperate":
+            while not probe.release.is_set():
+                if info.cancelled.wait(0.01):
+                    raise syncjobs.Cancelled()
+            return
+        if action == "cancel":
+            raise syncjobs.Cancelled()
+        if action == "set_context":
+            request_id.set("set-by-job")
+            return
+        raise AssertionError(f"unknown action {action!r}")
+
+    def retry_wait(self, failed_attempt: int) -> float:
+        wait = PROBES[self.probe].wait
+        return super().retry_wait(failed_attempt) if wait is None else wait
+
+
+class OnceJob(ProbeJob):
+    """Allows one run in all: any failure dead-letters it."""
+
+    NAME = "tests.once"
+    MAX_ATTEMPTS = 1
+
+
+class ThreeTimesJob(ProbeJob):
+    NAME = "tests.three_times"
+    MAX_ATTEMPTS = 3
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told, waking whoever listens."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.listeners: list[Callable[[], None]] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for listener in self.listeners:
+            listener()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
+    """Poll ``condition`` until it holds or ``timeout`` passes (then fail)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)  # the poll interval of a deadline-bounded wait, not a synchronisation

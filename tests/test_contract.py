@@ -1,0 +1,885 @@
+"""The JobQueue contract (../shared/API.md), written once against the backend fixture."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+import threading
+import time
+
+import pytest
+
+import syncjobs
+from tests.conftest import Backend, QueueFactory
+from tests.helpers import WAIT, FakeClock, OnceJob, Probe, ProbeJob, ThreeTimesJob, request_id, wait_until
+
+# Shutdown returns within its grace plus this fixed margin, whatever jobs do.
+SHUTDOWN_MARGIN = 1.0
+
+
+def dead_letters(queue: syncjobs.JobQueue) -> list[syncjobs.DeadLetter]:
+    letters: list[syncjobs.DeadLetter] = []
+    queue.on_dead_letter(letters.append)
+    return letters
+
+
+def shutdown_in_thread(queue: syncjobs.JobQueue, grace: float) -> tuple[threading.Thread, list[float]]:
+    took: list[float] = []
+
+    def stop() -> None:
+        began = time.monotonic()
+        queue.shutdown(grace=grace)
+        took.append(time.monotonic() - began)
+
+    thread = threading.Thread(target=stop, name="test-shutdown")
+    thread.start()
+    return thread, took
+
+
+# -- dispatch and running ------------------------------------------------
+
+
+def test_a_dispatched_job_runs_once_with_its_payload_and_id(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe("ok")
+    with queue:
+        job_id = queue.dispatch(ProbeJob(probe.id, label=42))
+        assert queue.join(WAIT)
+    assert [(r["label"], r["id"], r["name"], r["attempt"]) for r in probe.runs] == [(42, job_id, "tests.probe", 0)]
+    assert queue.pending_count() == 0
+
+
+def test_job_ids_are_unique_strings(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=0)
+    probe = Probe()
+    ids = {queue.dispatch(ProbeJob(probe.id)) for _ in range(100)}
+    assert len(ids) == 100
+    assert all(isinstance(i, str) and i for i in ids)
+
+
+def test_jobs_dispatched_before_start_run_after_it(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe()
+    for label in range(5):
+        queue.dispatch(ProbeJob(probe.id, label))
+    assert queue.pending_count() == 5
+    with queue:
+        assert queue.join(WAIT)
+    assert sorted(r["label"] for r in probe.runs) == [0, 1, 2, 3, 4]
+
+
+def test_workers_zero_queues_without_running(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=0)
+    probe = Probe()
+    with queue:
+        queue.dispatch(ProbeJob(probe.id))
+        assert queue.join(timeout=0.05) is False
+    assert probe.runs == []
+    assert queue.pending_count() == 1
+
+
+def test_a_plain_class_job_round_trips_through_vars(make_queue: QueueFactory) -> None:
+    seen: list[tuple[str, list[int]]] = []
+
+    class Plain(syncjobs.Job):
+        NAME = "tests.plain"
+
+        def __init__(self, who: str, numbers: list[int]) -> None:
+            self.who = who
+            self.numbers = numbers
+
+        def run(self) -> None:
+            seen.append((self.who, self.numbers))
+
+    queue = make_queue()
+    queue.register(Plain)
+    with queue:
+        queue.dispatch(Plain("ada", [1, 2]))
+        assert queue.join(WAIT)
+    assert seen == [("ada", [1, 2])]
+
+
+def test_each_run_rebuilds_the_job_from_its_payload(make_queue: QueueFactory) -> None:
+    runs: list[list[str]] = []
+
+    @dataclasses.dataclass
+    class Mutating(syncjobs.Job):
+        NAME = "tests.mutating"
+        items: list[str]
+
+        def run(self) -> None:
+            self.items.append("changed")
+            runs.append(list(self.items))
+            if len(runs) == 1:
+                raise syncjobs.Retryable("again")
+
+        def retry_wait(self, failed_attempt: int) -> float:
+            return 0.0
+
+    queue = make_queue()
+    queue.register(Mutating)
+    job = Mutating(["a"])
+    queue.dispatch(job)
+    job.items.append("after dispatch")
+    with queue:
+        assert queue.join(WAIT)
+    assert runs == [["a", "changed"], ["a", "changed"]]
+
+
+# -- registration --------------------------------------------------------
+
+
+def test_register_is_a_class_decorator_and_idempotent(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+
+    @queue.register
+    @dataclasses.dataclass
+    class Decorated(syncjobs.Job):
+        NAME = "tests.decorated"
+
+        def run(self) -> None:
+            pass
+
+    assert queue.register(Decorated) is Decorated
+    assert queue.register(ProbeJob) is ProbeJob  # registered by the fixture already
+
+
+def test_a_second_class_with_a_taken_name_is_refused(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+
+    class Impostor(syncjobs.Job):
+        NAME = "tests.probe"
+
+    with pytest.raises(syncjobs.QueueError, match=r"'tests.probe'.*Impostor.*already taken.*ProbeJob"):
+        queue.register(Impostor)
+
+
+def test_a_class_without_a_name_is_refused_at_register(make_queue: QueueFactory) -> None:
+    class Nameless(syncjobs.Job):
+        def run(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="Nameless needs a NAME"):
+        make_queue().register(Nameless)
+
+
+@pytest.mark.parametrize("bad_name", ["", "   ", None, 7])
+def test_an_empty_or_non_string_name_is_refused_at_definition(bad_name: object) -> None:
+    with pytest.raises(TypeError, match="needs a NAME"):
+
+        class Bad(syncjobs.Job):
+            NAME = bad_name  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "5"])
+def test_max_attempts_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(TypeError, match="MAX_ATTEMPTS must be an int >= 1"):
+
+        class Bad(syncjobs.Job):
+            NAME = "tests.bad_attempts"
+            MAX_ATTEMPTS = bad  # type: ignore[assignment]
+
+
+def test_register_refuses_what_is_not_a_job_class(make_queue: QueueFactory) -> None:
+    with pytest.raises(TypeError, match=r"subclass of syncjobs\.Job"):
+        make_queue().register(dict)  # type: ignore[type-var]
+
+
+# -- bad input at dispatch ----------------------------------------------
+
+
+def test_dispatch_of_an_unregistered_class_names_it(make_queue: QueueFactory) -> None:
+    @dataclasses.dataclass
+    class Unregistered(syncjobs.Job):
+        NAME = "tests.unregistered"
+
+    queue = make_queue()
+    with pytest.raises(syncjobs.QueueError, match=r"'tests.unregistered'.*not registered.*register\(Unregistered\)"):
+        queue.dispatch(Unregistered())
+    assert queue.pending_count() == 0
+
+
+def test_dispatch_of_something_that_is_not_a_job(make_queue: QueueFactory) -> None:
+    with pytest.raises(syncjobs.QueueError, match=r"takes a syncjobs\.Job instance, got str"):
+        make_queue().dispatch("send_email")  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass
+class AnyPayload(syncjobs.Job):
+    NAME = "tests.any_payload"
+    value: object = None
+
+
+def _cycle() -> list[object]:
+    items: list[object] = [1]
+    items.append(items)
+    return items
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({1, 2}, r"field 'value' is a set, which is not JSON-serializable"),
+        (math.nan, r"field 'value' is nan, which JSON cannot represent"),
+        ({"n": math.inf}, r"field 'value.n' is inf"),
+        ({1: "one"}, r"field 'value' has the key 1 of type int; JSON keys are strings"),
+        (_cycle(), r"field 'value\[1\]' contains itself"),
+        ((1, 2), r"field 'value' is a tuple, which comes back from JSON as a list"),
+        ([{"when": datetime.date(2026, 1, 1)}], r"field 'value\[0\].when' is a date"),
+    ],
+)
+def test_dispatch_refuses_a_payload_that_does_not_survive_json(
+    make_queue: QueueFactory, value: object, message: str
+) -> None:
+    queue = make_queue()
+    queue.register(AnyPayload)
+    with pytest.raises(syncjobs.QueueError, match=r"job 'tests.any_payload': payload .*" + message):
+        queue.dispatch(AnyPayload(value))
+    assert queue.pending_count() == 0
+
+
+def test_a_refused_dispatch_loses_nothing_already_accepted(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    queue.register(AnyPayload)
+    probe = Probe()
+    queue.dispatch(ProbeJob(probe.id, 1))
+    with pytest.raises(syncjobs.QueueError):
+        queue.dispatch(AnyPayload({1, 2}))
+    queue.dispatch(ProbeJob(probe.id, 2))
+    assert queue.pending_count() == 2
+    with queue:
+        assert queue.join(WAIT)
+    assert sorted(r["label"] for r in probe.runs) == [1, 2]
+
+
+def test_a_to_payload_that_is_not_a_dict_is_refused(make_queue: QueueFactory) -> None:
+    @dataclasses.dataclass
+    class ListPayload(syncjobs.Job):
+        NAME = "tests.list_payload"
+
+        def to_payload(self) -> list[int]:  # type: ignore[override]
+            return [1]
+
+    queue = make_queue()
+    queue.register(ListPayload)
+    with pytest.raises(syncjobs.QueueError, match=r"'tests\.list_payload': to_payload\(\) must return a dict"):
+        queue.dispatch(ListPayload())
+
+
+@pytest.mark.parametrize(
+    ("delay", "message"),
+    [
+        (-1, "delay must be >= 0"),
+        (math.nan, "delay must be >= 0"),
+        ("5", "delay must be seconds or a timedelta, got str"),
+    ],
+)
+def test_a_bad_delay_is_refused(make_queue: QueueFactory, delay: object, message: str) -> None:
+    queue = make_queue()
+    with pytest.raises(syncjobs.QueueError, match=f"'tests.probe': {message}"):
+        queue.dispatch(ProbeJob(Probe().id), delay=delay)  # type: ignore[arg-type]
+    assert queue.pending_count() == 0
+
+
+# -- outcomes ------------------------------------------------------------
+
+
+def test_retryable_is_retried_and_then_succeeds(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("retryable", "retryable", "ok")
+    with queue:
+        queue.dispatch(ProbeJob(probe.id))
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1, 2]
+    assert letters == []
+
+
+def test_any_exception_is_a_failed_run_and_the_worker_survives(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=1)
+    letters = dead_letters(queue)
+    crashing, after = Probe("crash"), Probe("ok")
+    with queue:
+        job_id = queue.dispatch(ThreeTimesJob(crashing.id))
+        queue.dispatch(ProbeJob(after.id))
+        assert queue.join(WAIT)
+    assert crashing.attempts == [0, 1, 2]
+    assert len(after.runs) == 1
+    assert [(d.job_id, d.name, d.attempts, d.error) for d in letters] == [
+        (job_id, "tests.three_times", 3, "job raised ValueError: boom")
+    ]
+
+
+def test_fatal_dead_letters_at_once(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("fatal")
+    with queue:
+        job_id = queue.dispatch(ProbeJob(probe.id, label=3))
+        assert queue.join(WAIT)
+    assert probe.attempts == [0]
+    assert letters == [syncjobs.DeadLetter(job_id, "tests.probe", {"probe": probe.id, "label": 3}, 1, "fatal: nope")]
+
+
+def test_exhausted_retries_dead_letter_after_max_attempts_runs(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("retryable")
+    with queue:
+        queue.dispatch(ProbeJob(probe.id))
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1, 2, 3, 4]  # MAX_ATTEMPTS defaults to 5 runs in all
+    assert [(d.attempts, d.error) for d in letters] == [(5, "retryable: try again")]
+
+
+def test_a_job_that_cannot_be_rebuilt_is_a_dead_letter(make_queue: QueueFactory) -> None:
+    @dataclasses.dataclass
+    class Undecodable(syncjobs.Job):
+        NAME = "tests.undecodable"
+        ran: bool = False
+
+        @classmethod
+        def from_payload(cls, data: dict[str, object]) -> Undecodable:
+            raise KeyError("schema changed")
+
+        def run(self) -> None:
+            raise AssertionError("never runs")
+
+    queue = make_queue()
+    letters = dead_letters(queue)
+    queue.register(Undecodable)
+    with queue:
+        queue.dispatch(Undecodable())
+        assert queue.join(WAIT)
+    assert [(d.attempts, d.error) for d in letters] == [
+        (0, "cannot be run: payload does not fit 'tests.undecodable': KeyError: 'schema changed'")
+    ]
+
+
+def test_pending_count_drops_before_the_dead_letter_callback(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    seen: list[int] = []
+    queue.on_dead_letter(lambda dead: seen.append(queue.pending_count()))
+    with queue:
+        queue.dispatch(OnceJob(Probe("fatal").id))
+        assert queue.join(WAIT)
+    wait_until(lambda: seen == [0], what="the callback")
+
+
+def test_a_failing_callback_is_logged_and_the_worker_goes_on(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make_queue(workers=1)
+
+    def broken(dead: syncjobs.DeadLetter) -> None:
+        raise RuntimeError("callback broke")
+
+    queue.on_dead_letter(broken)
+    later = dead_letters(queue)  # a second callback still runs
+    after = Probe("ok")
+    with queue:
+        queue.dispatch(OnceJob(Probe("fatal").id))
+        queue.dispatch(ProbeJob(after.id))
+        assert queue.join(WAIT)
+    assert len(after.runs) == 1
+    assert len(later) == 1
+    failures = [r for r in caplog.records if "dead-letter callback" in r.getMessage()]
+    assert len(failures) == 1
+    assert failures[0].levelno == logging.ERROR
+    assert failures[0].exc_info
+    assert "callback broke" in str(failures[0].exc_info[1])
+
+
+def test_without_a_callback_a_dead_letter_is_logged_at_error(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make_queue()
+    with queue:
+        job_id = queue.dispatch(OnceJob(Probe("fatal").id))
+        assert queue.join(WAIT)
+    records = [r for r in caplog.records if "dead letter" in r.getMessage()]
+    assert [(r.levelno, r.job_name, r.job_id) for r in records] == [(logging.ERROR, "tests.once", job_id)]  # type: ignore[attr-defined]
+    assert job_id in records[0].getMessage()
+    assert "fatal: nope" in records[0].getMessage()
+
+
+def test_payloads_are_not_logged_at_info_or_above(make_queue: QueueFactory, caplog: pytest.LogCaptureFixture) -> None:
+    queue = make_queue()
+    queue.register(AnyPayload)
+
+    @dataclasses.dataclass
+    class Secretive(syncjobs.Job):
+        NAME = "tests.secretive"
+        MAX_ATTEMPTS = 2
+        password: str
+
+        def run(self) -> None:
+            raise syncjobs.Retryable("no")
+
+        def retry_wait(self, failed_attempt: int) -> float:
+            return 0.0
+
+    queue.register(Secretive)
+    with queue:
+        queue.dispatch(Secretive("hunter2-secret"))
+        assert queue.join(WAIT)
+    loud = [r for r in caplog.records if r.levelno >= logging.INFO and r.name.startswith("syncjobs")]
+    assert loud, "the retry and the dead letter are reported"
+    assert all("hunter2-secret" not in r.getMessage() for r in loud)
+    assert all(hasattr(r, "job_id") and hasattr(r, "job_name") for r in loud)
+
+
+# -- backoff, with the injected clock ------------------------------------
+
+
+def test_retries_wait_one_then_two_seconds_by_the_queue_clock(backend: Backend) -> None:
+    clock = FakeClock(1000.0)
+    queue = backend.make(workers=1, clock=clock)
+    probe = Probe("retryable", "retryable", "ok", wait=None)  # the default backoff
+    with queue:
+        job_id = queue.dispatch(ProbeJob(probe.id))
+        probe.wait_finished(1)
+        wait_until(lambda: queue.parked() == [(1001.0, job_id)], what="the first retry to be parked")  # type: ignore[attr-defined]
+        clock.advance(0.999)
+        assert queue.parked() == [(1001.0, job_id)]  # type: ignore[attr-defined]
+        clock.advance(0.001)
+        probe.wait_finished(2)
+        wait_until(lambda: queue.parked() == [(1003.0, job_id)], what="the second retry to be parked")  # type: ignore[attr-defined]
+        assert queue.pending_count() == 1
+        clock.advance(2.0)
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1, 2]
+
+
+def test_a_job_overrides_its_own_wait(backend: Backend) -> None:
+    clock = FakeClock(0.0)
+    queue = backend.make(workers=1, clock=clock)
+    probe = Probe("retryable", "ok", wait=42.5)
+    with queue:
+        job_id = queue.dispatch(ProbeJob(probe.id))
+        wait_until(lambda: queue.parked() == [(42.5, job_id)], what="the retry at 42.5 s")  # type: ignore[attr-defined]
+        clock.advance(42.5)
+        assert queue.join(WAIT)
+
+
+def test_delay_holds_a_job_back(backend: Backend) -> None:
+    clock = FakeClock(50.0)
+    queue = backend.make(workers=1, clock=clock)
+    probe = Probe()
+    with queue:
+        job_id = queue.dispatch(ProbeJob(probe.id), delay=datetime.timedelta(seconds=30))
+        other = queue.dispatch(ProbeJob(probe.id), delay=2.5)
+        assert queue.parked() == [(52.5, other), (80.0, job_id)]  # type: ignore[attr-defined]
+        assert queue.pending_count() == 2
+        clock.advance(2.5)
+        probe.wait_finished(1)
+        assert [r["id"] for r in probe.runs] == [other]
+        clock.advance(27.5)
+        assert queue.join(WAIT)
+    assert [r["id"] for r in probe.runs] == [other, job_id]
+
+
+def test_delay_really_waits_on_the_real_clock(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe()
+    with queue:
+        began = time.monotonic()
+        queue.dispatch(ProbeJob(probe.id), delay=0.2)
+        assert queue.join(WAIT)
+        assert time.monotonic() - began >= 0.2
+
+
+# -- context ---------------------------------------------------------------
+
+
+def test_the_job_sees_the_dispatchers_context_and_leaks_nothing_back(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe("set_context")
+    token = request_id.set("req-7")
+    try:
+        with queue:
+            queue.dispatch(ProbeJob(probe.id))
+            request_id.set("req-8")  # after dispatch: not what the job sees
+            assert queue.join(WAIT)
+        assert request_id.get() == "req-8"
+    finally:
+        request_id.reset(token)
+    assert [r["request_id"] for r in probe.runs] == ["req-7"]
+
+
+def test_each_run_starts_from_the_dispatch_context(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    # Run 0 sets the variable, then the retry must still see the dispatcher's value.
+    probe = Probe("set_context", wait=0.0)
+    seen: list[str] = []
+
+    @dataclasses.dataclass
+    class SetThenFail(syncjobs.Job):
+        NAME = "tests.set_then_fail"
+
+        def run(self) -> None:
+            seen.append(request_id.get())
+            request_id.set("set-by-run")
+            if len(seen) == 1:
+                raise syncjobs.Retryable("again")
+
+        def retry_wait(self, failed_attempt: int) -> float:
+            return 0.0
+
+    queue.register(SetThenFail)
+    token = request_id.set("req-1")
+    try:
+        with queue:
+            queue.dispatch(SetThenFail())
+            queue.dispatch(ProbeJob(probe.id))
+            assert queue.join(WAIT)
+    finally:
+        request_id.reset(token)
+    assert seen == ["req-1", "req-1"]
+
+
+def test_a_job_dispatched_outside_any_scope_sees_the_defaults(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe()
+    thread = threading.Thread(target=lambda: queue.dispatch(ProbeJob(probe.id)))
+    token = request_id.set("only-in-the-test-thread")
+    try:
+        with queue:
+            thread.start()
+            thread.join(WAIT)
+            assert queue.join(WAIT)
+    finally:
+        request_id.reset(token)
+    assert [r["request_id"] for r in probe.runs] == ["no-request"]
+
+
+def test_the_dead_letter_callback_sees_the_dispatchers_context(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    seen: list[str] = []
+
+    def callback(dead: syncjobs.DeadLetter) -> None:
+        seen.append(request_id.get())
+        request_id.set("set-by-callback")
+
+    queue.on_dead_letter(callback)
+    token = request_id.set("req-dead")
+    try:
+        with queue:
+            queue.dispatch(OnceJob(Probe("fatal").id))
+            assert queue.join(WAIT)
+        wait_until(lambda: len(seen) == 1, what="the callback")
+        assert request_id.get() == "req-dead"
+    finally:
+        request_id.reset(token)
+    assert seen == ["req-dead"]
+
+
+# -- current_job -----------------------------------------------------------
+
+
+def test_current_job_inside_and_outside_a_run(make_queue: QueueFactory) -> None:
+    assert syncjobs.current_job() is None
+    queue = make_queue()
+    probe = Probe("retryable", "ok")
+    with queue:
+        job_id = queue.dispatch(ThreeTimesJob(probe.id))
+        assert queue.join(WAIT)
+    infos = [r["info"] for r in probe.runs]
+    assert [(i.id, i.name, i.attempt, i.max_attempts) for i in infos] == [
+        (job_id, "tests.three_times", 0, 3),
+        (job_id, "tests.three_times", 1, 3),
+    ]
+    assert all(isinstance(i.cancelled, threading.Event) and not i.cancelled.is_set() for i in infos)
+    assert syncjobs.current_job() is None
+
+
+# -- start and shutdown ---------------------------------------------------
+
+
+def _worker_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("syncjobs-worker")]
+
+
+def test_start_twice_is_a_no_op(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=3)
+    before = set(_worker_threads())
+    probe = Probe("block")
+    queue.start()
+    queue.start()
+    for _ in range(3):
+        queue.dispatch(ProbeJob(probe.id))
+    probe.wait_runs(3)
+    assert len(set(_worker_threads()) - before) == 3
+    probe.release.set()
+    assert queue.join(WAIT)
+    queue.shutdown()
+
+
+def test_start_after_shutdown_starts_a_fresh_set(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe()
+    with queue:
+        queue.dispatch(ProbeJob(probe.id, 1))
+        assert queue.join(WAIT)
+    queue.dispatch(ProbeJob(probe.id, 2))
+    assert queue.pending_count() == 1
+    with queue:
+        assert queue.join(WAIT)
+    assert [r["label"] for r in probe.runs] == [1, 2]
+
+
+def test_shutdown_before_start_and_twice_is_harmless(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    queue.shutdown()
+    queue.start()
+    queue.shutdown()
+    queue.shutdown()
+    assert queue.pending_count() == 0
+
+
+def test_running_jobs_finishing_within_the_grace_are_waited_for(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("block")
+    queue.start()
+    queue.dispatch(ProbeJob(probe.id))
+    probe.wait_runs(1)
+    thread, took = shutdown_in_thread(queue, grace=WAIT)
+    probe.release.set()
+    thread.join(WAIT)
+    assert took
+    assert took[0] < WAIT
+    assert len(probe.finished) == 1
+    assert probe.attempts == [0]
+    assert queue.pending_count() == 0
+    assert letters == []
+
+
+def test_queued_jobs_stay_queued_at_shutdown(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=1)
+    blocker, queued = Probe("block"), Probe()
+    queue.start()
+    queue.dispatch(ProbeJob(blocker.id))
+    blocker.wait_runs(1)
+    for label in range(3):
+        queue.dispatch(ProbeJob(queued.id, label))
+    thread, _ = shutdown_in_thread(queue, grace=WAIT)
+    blocker.release.set()
+    thread.join(WAIT)
+    assert queued.runs == []
+    assert queue.pending_count() == 3
+    with queue:
+        assert queue.join(WAIT)
+    assert sorted(r["label"] for r in queued.runs) == [0, 1, 2]
+
+
+def test_past_the_grace_a_cooperative_job_is_cancelled_and_handed_back(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("cooperate", "ok")
+    queue.start()
+    job_id = queue.dispatch(ProbeJob(probe.id))
+    probe.wait_runs(1)
+    began = time.monotonic()
+    queue.shutdown(grace=0.1)
+    assert time.monotonic() - began < 0.1 + SHUTDOWN_MARGIN
+    assert probe.runs[0]["info"].cancelled.is_set()
+    probe.wait_finished(1)
+    assert queue.pending_count() == 1
+    assert letters == []
+    with queue:  # the run was spent: the next one is attempt 1
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1]
+    assert {r["id"] for r in probe.runs} == {job_id}
+
+
+def test_shutdown_returns_on_time_when_a_job_ignores_cancellation(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("block", "ok")
+    queue.start()
+    queue.dispatch(ProbeJob(probe.id))
+    probe.wait_runs(1)
+    began = time.monotonic()
+    queue.shutdown(grace=0.2)
+    assert time.monotonic() - began < 0.2 + SHUTDOWN_MARGIN
+    assert probe.finished == []  # still running, left behind
+    assert queue.pending_count() == 1
+    probe.release.set()
+    probe.wait_finished(1)
+    # Its late success is void: not counted done, no dead letter.
+    assert queue.pending_count() == 1
+    assert letters == []
+    with queue:
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1]
+    assert queue.pending_count() == 0
+
+
+def test_a_late_failure_of_an_abandoned_run_is_void_too(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    @dataclasses.dataclass
+    class FailsLate(syncjobs.Job):
+        NAME = "tests.fails_late"
+        MAX_ATTEMPTS = 2
+
+        def run(self) -> None:
+            started.set()
+            assert release.wait(WAIT)
+            raise syncjobs.Fatal("too late")
+
+    started, release = threading.Event(), threading.Event()
+    queue = make_queue()
+    letters = dead_letters(queue)
+    queue.register(FailsLate)
+    queue.start()
+    queue.dispatch(FailsLate())
+    assert started.wait(WAIT)
+    queue.shutdown(grace=0)
+    release.set()
+    wait_until(
+        lambda: any("late finish of abandoned job" in r.getMessage() for r in caplog.records),
+        what="the stranded run's outcome to be dropped",
+    )
+    assert letters == []
+    assert queue.pending_count() == 1
+
+
+def test_a_run_aborted_at_shutdown_on_its_last_attempt_is_a_dead_letter(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("cooperate")
+    queue.start()
+    job_id = queue.dispatch(OnceJob(probe.id))
+    probe.wait_runs(1)
+    queue.shutdown(grace=0)
+    assert [(d.job_id, d.attempts, d.error) for d in letters] == [
+        (job_id, 1, "aborted at shutdown on its last attempt (1 of 1)")
+    ]
+    assert queue.pending_count() == 0
+
+
+def test_a_job_raising_cancelled_is_handed_back_with_its_run_spent(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters = dead_letters(queue)
+    probe = Probe("cancel", "ok")
+    with queue:
+        queue.dispatch(ProbeJob(probe.id))
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1]
+    assert letters == []
+
+
+def test_cancelled_is_not_swallowed_by_except_exception() -> None:
+    assert not issubclass(syncjobs.Cancelled, Exception)
+    assert issubclass(syncjobs.Cancelled, BaseException)
+
+
+def test_parked_retries_keep_their_due_time_across_shutdown(backend: Backend) -> None:
+    clock = FakeClock(10.0)
+    queue = backend.make(workers=1, clock=clock)
+    probe = Probe("retryable", "ok", wait=None)
+    queue.start()
+    job_id = queue.dispatch(ProbeJob(probe.id))
+    wait_until(lambda: queue.parked() == [(11.0, job_id)], what="the retry to be parked")  # type: ignore[attr-defined]
+    queue.shutdown()
+    assert queue.parked() == [(11.0, job_id)]  # type: ignore[attr-defined]
+    assert queue.pending_count() == 1
+    clock.advance(5.0)
+    assert probe.attempts == [0]  # nothing runs while shut down
+    with queue:
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1]
+
+
+def test_dispatch_during_the_drain_queues_the_job(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    blocker, late = Probe("block"), Probe()
+    queue.start()
+    queue.dispatch(ProbeJob(blocker.id))
+    blocker.wait_runs(1)
+    thread, _ = shutdown_in_thread(queue, grace=WAIT)
+    wait_until(lambda: not queue._pool.started, what="shutdown to begin")  # type: ignore[attr-defined]
+    queue.dispatch(ProbeJob(late.id))
+    blocker.release.set()
+    thread.join(WAIT)
+    assert late.runs == []
+    assert queue.pending_count() == 1
+    with queue:
+        assert queue.join(WAIT)
+    assert len(late.runs) == 1
+
+
+def test_shutdown_shares_one_deadline_across_workers(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=4)
+    probe = Probe("block")
+    queue.start()
+    for _ in range(4):
+        queue.dispatch(ProbeJob(probe.id))
+    probe.wait_runs(4)
+    began = time.monotonic()
+    queue.shutdown(grace=0.3)
+    # Four stuck workers, grace per worker would take 1.2 s.
+    assert time.monotonic() - began < 0.3 + SHUTDOWN_MARGIN / 2
+    assert all(r["info"].cancelled.is_set() for r in probe.runs)
+    assert queue.pending_count() == 4
+
+
+def test_shutdown_grace_defaults_to_the_queue_setting(make_queue: QueueFactory) -> None:
+    assert syncjobs.DEFAULT_SHUTDOWN_GRACE == 5.0
+    assert make_queue().shutdown_grace == 5.0  # type: ignore[attr-defined]
+    queue = make_queue(shutdown_grace=0.1)
+    probe = Probe("block")
+    queue.start()
+    queue.dispatch(ProbeJob(probe.id))
+    probe.wait_runs(1)
+    began = time.monotonic()
+    queue.shutdown()
+    assert time.monotonic() - began < 0.1 + SHUTDOWN_MARGIN
+    assert probe.runs[0]["info"].cancelled.is_set()
+
+
+@pytest.mark.parametrize("grace", [-1, math.inf, "5"])
+def test_a_bad_grace_is_refused(make_queue: QueueFactory, grace: object) -> None:
+    with pytest.raises(ValueError, match="grace must be a number of seconds"):
+        make_queue().shutdown(grace=grace)  # type: ignore[arg-type]
+
+
+# -- join -----------------------------------------------------------------
+
+
+def test_join_times_out_while_a_job_runs_and_succeeds_after(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe("block")
+    with queue:
+        queue.dispatch(ProbeJob(probe.id))
+        probe.wait_runs(1)
+        assert queue.pending_count() == 1
+        assert queue.join(timeout=0.05) is False
+        probe.release.set()
+        assert queue.join(WAIT) is True
+        assert queue.pending_count() == 0
+
+
+def test_pending_count_counts_queued_running_and_parked(backend: Backend) -> None:
+    clock = FakeClock()
+    queue = backend.make(workers=1, clock=clock)
+    running, parked, queued = Probe("block"), Probe("retryable", "ok", wait=60.0), Probe()
+    with queue:
+        queue.dispatch(ProbeJob(parked.id))
+        parked.wait_finished(1)
+        queue.dispatch(ProbeJob(running.id))
+        running.wait_runs(1)
+        queue.dispatch(ProbeJob(queued.id))
+        assert queue.pending_count() == 3
+        running.release.set()
+        wait_until(lambda: queue.pending_count() == 1, what="running and queued to finish")
+        clock.advance(60.0)
+        assert queue.join(WAIT)
+
+
+def test_the_queue_satisfies_the_protocol(make_queue: QueueFactory) -> None:
+    assert isinstance(make_queue(), syncjobs.JobQueue)

@@ -1,0 +1,94 @@
+"""Jobs, their payloads and the error family, without a queue."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import syncjobs
+from syncjobs.payload import decode, encode
+
+
+@dataclasses.dataclass
+class Email(syncjobs.Job):
+    NAME = "tests.email"
+    MAX_ATTEMPTS = 3
+    to: str
+    cc: list[str] = dataclasses.field(default_factory=list)
+    derived: int = dataclasses.field(default=0, init=False)
+
+
+def test_error_strings_say_their_kind() -> None:
+    assert str(syncjobs.Retryable("smtp busy")) == "retryable: smtp busy"
+    assert str(syncjobs.Fatal("no such user")) == "fatal: no such user"
+    assert str(syncjobs.QueueError("bad payload")) == "queue error: bad payload"
+    for error in (syncjobs.Retryable, syncjobs.Fatal, syncjobs.QueueError):
+        assert issubclass(error, syncjobs.JobError)
+        assert issubclass(error, Exception)
+
+
+def test_a_dataclass_round_trips_through_its_payload() -> None:
+    job = Email("ada@example.com", ["bob@example.com"])
+    payload = job.to_payload()
+    assert payload == {"to": "ada@example.com", "cc": ["bob@example.com"]}  # init=False is derived
+    back = Email.from_payload(decode(encode(job)))
+    assert back == job
+    assert back is not job
+
+
+def test_defaults_of_the_class() -> None:
+    assert syncjobs.Job.MAX_ATTEMPTS == syncjobs.DEFAULT_MAX_ATTEMPTS == 5
+    assert Email.MAX_ATTEMPTS == 3
+
+
+def test_a_subclass_may_override_the_payload_methods() -> None:
+    class Custom(syncjobs.Job):
+        NAME = "tests.custom"
+
+        def __init__(self, numbers: tuple[int, ...]) -> None:
+            self.numbers = numbers
+
+        def to_payload(self) -> dict[str, object]:
+            return {"numbers": list(self.numbers)}
+
+        @classmethod
+        def from_payload(cls, data: dict[str, object]) -> Custom:
+            numbers = data["numbers"]
+            assert isinstance(numbers, list)
+            return cls(tuple(numbers))
+
+    back = Custom.from_payload(decode(encode(Custom((1, 2)))))
+    assert back.numbers == (1, 2)
+
+
+def test_encode_names_the_job_when_to_payload_raises() -> None:
+    @dataclasses.dataclass
+    class Broken(syncjobs.Job):
+        NAME = "tests.broken"
+
+        def to_payload(self) -> dict[str, object]:
+            raise RuntimeError("oops")
+
+    with pytest.raises(syncjobs.QueueError, match=r"job 'tests.broken': to_payload\(\) raised RuntimeError: oops"):
+        encode(Broken())
+
+
+def test_decode_refuses_anything_but_an_object() -> None:
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        decode("[1, 2]")
+
+
+def test_run_must_be_written() -> None:
+    @dataclasses.dataclass
+    class Lazy(syncjobs.Job):
+        NAME = "tests.lazy"
+
+    with pytest.raises(NotImplementedError, match="Lazy must define run"):
+        Lazy().run()
+
+
+def test_dead_letters_are_frozen() -> None:
+    dead = syncjobs.DeadLetter("id", "name", {}, 1, "fatal: x")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        dead.error = "changed"  # type: ignore[misc]

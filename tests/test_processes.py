@@ -1,0 +1,108 @@
+"""What a user meets from the outside: the demo, Ctrl-C, and interpreter exit."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+from tests.helpers import WAIT
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _python(*args: str, **kwargs: object) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+def test_the_demo_runs_every_job_and_prints_a_summary() -> None:
+    proc = _python("-m", "syncjobs", "demo", "--jobs", "120")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = [line for line in out.splitlines() if line.startswith("summary:")]
+    assert len(summary) == 1
+    assert summary[0].startswith("summary: 119 done, 1 dead, 0 pending")
+    assert "dead letter demo.charge_card" in out
+    assert "fatal: card declined" in out
+
+
+def test_ctrl_c_during_the_demo_shuts_down_gracefully() -> None:
+    proc = _python("-m", "syncjobs", "demo", "--jobs", "100000", "--grace", "1")
+    assert proc.stdout is not None
+    # The first progress line says the workers are running.
+    while not proc.stdout.readline().startswith("done"):
+        pass
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=WAIT + 20)
+    assert proc.returncode == 130, err
+    assert "interrupted: shutting down" in out
+    assert "summary:" in out
+    assert "Traceback" not in err
+
+
+def test_interpreter_exit_warns_once_of_lost_jobs_and_does_not_hang() -> None:
+    script = textwrap.dedent(
+        """
+        import dataclasses, logging, threading, syncjobs
+        logging.basicConfig(format="%(levelname)s %(message)s")
+        started = threading.Event()
+
+        @dataclasses.dataclass
+        class Slow(syncjobs.Job):
+            NAME = "slow"
+            def run(self):
+                started.set()
+                syncjobs.current_job().cancelled.wait(60)
+
+        queue = syncjobs.InMemoryJobQueue(workers=1)
+        queue.register(Slow)
+        queue.start()
+        for _ in range(3):
+            queue.dispatch(Slow())
+        started.wait(10)
+        print("exiting", flush=True)
+        """
+    )
+    proc = _python("-c", script)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert out == "exiting\n"
+    warnings = [line for line in err.splitlines() if "still pending" in line]
+    assert warnings == [
+        "WARNING the interpreter is exiting with 3 job(s) still pending in an in-memory queue: they are lost "
+        "(call shutdown() and join() before exit, or use a database backend)"
+    ], err
+
+
+def test_a_clean_exit_says_nothing() -> None:
+    script = textwrap.dedent(
+        """
+        import dataclasses, logging, syncjobs
+        logging.basicConfig(format="%(levelname)s %(message)s")
+
+        @dataclasses.dataclass
+        class Quick(syncjobs.Job):
+            NAME = "quick"
+            def run(self):
+                pass
+
+        with syncjobs.InMemoryJobQueue() as queue:
+            queue.register(Quick)
+            queue.dispatch(Quick())
+            assert queue.join(10)
+        """
+    )
+    proc = _python("-c", script)
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out, err) == (0, "", "")
