@@ -3,21 +3,52 @@
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import threading
 
+# Guards the lazy creation of cancel events; taken only when a job first looks
+# at its token or shutdown cancels a run, never on the hot path.
+_cancel_lock = threading.Lock()
 
-@dataclasses.dataclass(frozen=True)
+
 class RunInfo:
     """The run in progress, as ``current_job()`` returns it."""
 
-    id: str
-    name: str
-    #: 0-based number of this run.
-    attempt: int
-    max_attempts: int
-    #: Set when shutdown's grace has run out: stop between steps, or raise ``Cancelled``.
-    cancelled: threading.Event
+    __slots__ = ("_cancel_requested", "_event", "attempt", "id", "max_attempts", "name")
+
+    def __init__(self, id: str, name: str, attempt: int, max_attempts: int) -> None:
+        self.id = id
+        self.name = name
+        #: 0-based number of this run.
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self._event: threading.Event | None = None
+        self._cancel_requested = False
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when shutdown's grace has run out: stop between steps, or raise ``Cancelled``."""
+        # Made on first use: most jobs never look, and an Event costs more
+        # than the rest of a no-op run.
+        event = self._event
+        if event is None:
+            with _cancel_lock:
+                if self._event is None:
+                    self._event = threading.Event()
+                    if self._cancel_requested:
+                        self._event.set()
+                event = self._event
+        return event
+
+    def cancel(self) -> None:
+        """Ask the run to stop (shutdown does this once the grace has run out)."""
+        with _cancel_lock:
+            self._cancel_requested = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def __repr__(self) -> str:
+        return f"RunInfo(id={self.id!r}, name={self.name!r}, attempt={self.attempt}, max_attempts={self.max_attempts})"
 
 
 _current: contextvars.ContextVar[RunInfo | None] = contextvars.ContextVar("syncjobs_current_job", default=None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from typing_extensions import Self
 
@@ -46,10 +46,10 @@ class Job:
         Fields with ``init=False`` are left out: ``__init__`` (or
         ``__post_init__``) derives them again on the way back.
         """
-        if _is_dataclass(type(self)):
-            fields = dataclasses.fields(cast(Any, self))
-            return {field.name: getattr(self, field.name) for field in fields if field.init}
-        return dict(vars(self))
+        names = _init_field_names(type(self))
+        if names is None:
+            return dict(vars(self))
+        return {name: getattr(self, name) for name in names}
 
     @classmethod
     def from_payload(cls, data: dict[str, Any]) -> Self:
@@ -58,7 +58,7 @@ class Job:
         Dataclasses go through their ``__init__``; plain classes get their
         attributes restored as they were, without calling ``__init__``.
         """
-        if _is_dataclass(cls):
+        if _init_field_names(cls) is not None:
             return cls(**data)
         job = cls.__new__(cls)
         vars(job).update(data)
@@ -71,6 +71,21 @@ class Job:
         turns any tenacity wait strategy into one.
         """
         return retry_backoff(failed_attempt)
+
+
+# Per class, computed once: dataclasses.fields() costs more than the copy it guides.
+_field_names: dict[type, tuple[str, ...] | None] = {}
+
+
+def _init_field_names(cls: type) -> tuple[str, ...] | None:
+    """The names of a dataclass's ``__init__`` fields, or ``None`` for a plain class."""
+    try:
+        return _field_names[cls]
+    except KeyError:
+        pass
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.init) if _is_dataclass(cls) else None
+    _field_names[cls] = names
+    return names
 
 
 def _is_dataclass(cls: type) -> bool:

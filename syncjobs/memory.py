@@ -38,10 +38,11 @@ class MemoryStore:
         self.timers: TimerHeap[Envelope] = TimerHeap(self._ready.put, clock=clock)
         # Unfinished jobs: bumped by put(), dropped by complete() and dead().
         self._pending = 0
-        self._idle = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
 
     def put(self, envelope: Envelope, delay: float) -> None:
-        with self._idle:
+        with self._lock:  # the Condition's own lock, entered without its Python wrapper
             self._pending += 1
         if delay > 0:
             self.timers.push(self._clock() + delay, envelope)
@@ -83,7 +84,7 @@ class MemoryStore:
         self.timers.stop()
 
     def _finish(self) -> None:
-        with self._idle:
+        with self._lock:
             self._pending -= 1
             if self._pending == 0:
                 self._idle.notify_all()

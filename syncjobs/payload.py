@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from .errors import QueueError
@@ -12,10 +13,13 @@ from .job import Job
 # allow_nan=False: NaN and Infinity are not JSON; other parsers reject them.
 _encoder = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 _decode = json.loads
+# The C scanner behind json.loads, without its type checks and whitespace
+# regexes: for text that _encoder just wrote, which has no whitespace around it.
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def encode(job: Job) -> str:
-    """The job's payload as JSON text, or ``QueueError`` naming the job and the field.
+def encode(job: Job) -> tuple[str, dict[str, Any]]:
+    """The job's payload as JSON text and decoded back, or ``QueueError`` naming the job and the field.
 
     A payload must survive the round trip unchanged: a tuple that would come
     back a list, or an int key that would come back a string, is refused here
@@ -31,9 +35,10 @@ def encode(job: Job) -> str:
         text = _encoder.encode(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {describe_problem(payload)}") from exc
-    if _decode(text) != payload:
+    decoded, end = _scan_once(text, 0)
+    if end != len(text) or decoded != payload:
         raise QueueError(f"job {job.NAME!r}: payload does not survive a JSON round trip: {describe_problem(payload)}")
-    return text
+    return text, decoded
 
 
 def decode(text: str) -> dict[str, Any]:

@@ -7,7 +7,6 @@ import datetime
 import math
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol, TypeVar, runtime_checkable
@@ -17,6 +16,7 @@ from typing_extensions import Self
 from .dead_letters import DeadLetterCallback, DeadLetterHandlers
 from .envelope import Envelope
 from .errors import QueueError
+from .ids import new_job_id
 from .job import Job
 from .payload import encode
 from .registry import Registry
@@ -100,10 +100,10 @@ class StoreQueue:
     def dispatch(self, job: Job, *, delay: Delay = None) -> str:
         """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``."""
         job_cls = self._registry.check_dispatchable(job)
-        payload = encode(job)
+        payload, decoded = encode(job)
         seconds = _delay_seconds(job_cls.NAME, delay)
         envelope = Envelope(
-            str(uuid.uuid4()), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, contextvars.copy_context()
+            new_job_id(), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, contextvars.copy_context(), decoded
         )
         self._store.put(envelope, seconds)
         return envelope.id

@@ -59,13 +59,15 @@ class Outcome(enum.Enum):
     ABORTED = "aborted"
 
 
-@dataclasses.dataclass(eq=False)
 class _Run:
     """One run in progress; ``abandoned`` once shutdown has handed it back."""
 
-    envelope: Envelope
-    cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
-    abandoned: bool = False
+    __slots__ = ("abandoned", "envelope", "info")
+
+    def __init__(self, envelope: Envelope) -> None:
+        self.envelope = envelope
+        self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts)
+        self.abandoned = False
 
 
 @dataclasses.dataclass(eq=False)
@@ -139,7 +141,7 @@ class WorkerPool:
                 run.abandoned = True
             self._running.clear()
         for run in stranded:
-            run.cancelled.set()
+            run.info.cancel()
             envelope = run.envelope
             logger.warning(
                 "job %s (%s) still running after the shutdown grace of %.1fs: cancelled and handed back",
@@ -178,15 +180,17 @@ class WorkerPool:
         job_cls = self._registry.get(envelope.name)
         if job_cls is None:
             return Outcome.DEAD, f"cannot be run: no job class is registered as {envelope.name!r}", None, None
+        # The first run takes the dict that dispatch's round-trip check already
+        # decoded; a retry decodes afresh, so it never sees what a run changed.
+        data, envelope.decoded = envelope.decoded, None
         try:
-            job = job_cls.from_payload(decode(envelope.payload))
+            job = job_cls.from_payload(decode(envelope.payload) if data is None else data)
         except Exception as exc:  # noqa: BLE001 - whatever from_payload raises, the row cannot run
             return Outcome.DEAD, f"cannot be run: payload does not fit {envelope.name!r}: {_describe(exc)}", None, exc
-        info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts, run.cancelled)
         try:
             # A fresh copy per run: one Context cannot be entered by two
             # threads at once, and what the job sets must not leak anywhere.
-            envelope.context.copy().run(_invoke, job, info)
+            envelope.context.copy().run(_invoke, job, run.info)
         except Cancelled:
             return Outcome.ABORTED, "cancelled", job, None
         except Fatal as exc:

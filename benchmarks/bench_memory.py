@@ -1,0 +1,195 @@
+"""Throughput and latency of the in-memory queue, as ratios to baselines in the same run.
+
+    python benchmarks/bench_memory.py [--jobs 20000] [--repeat 3]
+
+Every figure is measured in this one process, one after the other, so that
+the ratios hold on a noisy machine where the absolute numbers do not.  Each
+baseline does only the bare minimum of any such queue per job: a
+``json.dumps`` of the payload at submit, a ``json.loads`` of it inside the
+submitter's ``copy_context()`` in a worker thread.
+
+- (a) ``ThreadPoolExecutor(4).submit``;
+- (b) 4 plain threads looping on one ``queue.Queue``: the floor of the design.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextvars
+import dataclasses
+import json
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import syncjobs
+
+WORKERS = 4
+PAYLOAD = {"user_id": 12345, "template": "welcome", "locale": "en"}
+
+
+class Countdown:
+    """Sets ``done`` when ``count`` jobs have reported."""
+
+    def __init__(self, count: int) -> None:
+        self.left = count
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+
+    def tick(self) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.done.set()
+
+
+def run_syncjobs(jobs: int) -> float:
+    @dataclasses.dataclass
+    class Noop(syncjobs.Job):
+        NAME = "bench.noop"
+        user_id: int
+        template: str
+        locale: str
+
+        def run(self) -> None:
+            pass
+
+    queue_ = syncjobs.InMemoryJobQueue(WORKERS)
+    queue_.register(Noop)
+    job = Noop(**PAYLOAD)  # type: ignore[arg-type]
+    with queue_:
+        began = time.perf_counter()
+        for _ in range(jobs):
+            queue_.dispatch(job)
+        assert queue_.join(300)
+        took = time.perf_counter() - began
+    return jobs / took
+
+
+def _bare_job(ctx: contextvars.Context, text: str, countdown: Countdown) -> None:
+    ctx.run(json.loads, text)
+    countdown.tick()
+
+
+def run_executor(jobs: int) -> float:
+    countdown = Countdown(jobs)
+    with concurrent.futures.ThreadPoolExecutor(WORKERS) as executor:
+        began = time.perf_counter()
+        for _ in range(jobs):
+            executor.submit(_bare_job, contextvars.copy_context(), json.dumps(PAYLOAD), countdown)
+        assert countdown.done.wait(300)
+        took = time.perf_counter() - began
+    return jobs / took
+
+
+def run_plain_threads(jobs: int) -> float:
+    countdown = Countdown(jobs)
+    work: queue.Queue[tuple[contextvars.Context, str] | None] = queue.Queue()
+
+    def loop() -> None:
+        while (item := work.get()) is not None:
+            _bare_job(item[0], item[1], countdown)
+
+    threads = [threading.Thread(target=loop) for _ in range(WORKERS)]
+    for thread in threads:
+        thread.start()
+    began = time.perf_counter()
+    for _ in range(jobs):
+        work.put((contextvars.copy_context(), json.dumps(PAYLOAD)))
+    assert countdown.done.wait(300)
+    took = time.perf_counter() - began
+    for _ in threads:
+        work.put(None)
+    for thread in threads:
+        thread.join()
+    return jobs / took
+
+
+def dispatch_cost_us(calls: int) -> float:
+    """Median wall time of one dispatch() call, on a queue whose workers do not compete."""
+
+    @dataclasses.dataclass
+    class Noop(syncjobs.Job):
+        NAME = "bench.dispatch"
+        user_id: int
+        template: str
+        locale: str
+
+        def run(self) -> None:
+            pass
+
+    queue_ = syncjobs.InMemoryJobQueue(workers=0)
+    queue_.register(Noop)
+    job = Noop(**PAYLOAD)  # type: ignore[arg-type]
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(calls):
+        began = clock()
+        queue_.dispatch(job)
+        samples.append(clock() - began)
+    return statistics.median(samples) / 1000
+
+
+def pickup_latency_ms(jobs: int = 200, rate: float = 100.0) -> tuple[float, float]:
+    """p50 and p99 from dispatch() to the start of run(), at ``rate`` jobs a second."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    @dataclasses.dataclass
+    class Stamp(syncjobs.Job):
+        NAME = "bench.stamp"
+        sent: float
+
+        def run(self) -> None:
+            with lock:
+                latencies.append(time.perf_counter() - self.sent)
+
+    queue_ = syncjobs.InMemoryJobQueue(WORKERS)
+    queue_.register(Stamp)
+    with queue_:
+        began = time.perf_counter()
+        for i in range(jobs):
+            # Paced dispatch: the benchmark's own clock, not a synchronisation.
+            pause = began + i / rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            queue_.dispatch(Stamp(time.perf_counter()))
+        assert queue_.join(60)
+    ordered = sorted(latencies)
+    return statistics.median(ordered) * 1000, ordered[int(len(ordered) * 0.99) - 1] * 1000
+
+
+def median_rates(runs: list[Callable[[int], float]], jobs: int, repeat: int) -> list[float]:
+    """Each run's median rate; the runs take turns, so a slow spell of the machine hits all of them."""
+    rates: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeat):
+        for index, run in enumerate(runs):
+            rates[index].append(run(jobs))
+    return [statistics.median(r) for r in rates]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    ours, executor, plain = median_rates([run_syncjobs, run_executor, run_plain_threads], args.jobs, args.repeat)
+    dispatch = dispatch_cost_us(args.jobs)
+    p50, p99 = pickup_latency_ms()
+
+    print(f"{args.jobs} no-op jobs, {WORKERS} workers, median of {args.repeat} runs")
+    print(f"  syncjobs InMemoryJobQueue      {ours:>9,.0f} jobs/s")
+    print(
+        f"  (a) ThreadPoolExecutor.submit  {executor:>9,.0f} jobs/s   syncjobs is {ours / executor:.2f}x (goal >= 1.0x)"
+    )
+    print(f"  (b) 4 threads on a queue.Queue {plain:>9,.0f} jobs/s   syncjobs is {ours / plain:.2f}x (goal >= 0.6x)")
+    print(f"  dispatch() median              {dispatch:>9.2f} us       (goal < 10 us)")
+    print(f"  pickup latency, 200 jobs at 100/s: p50 {p50:.3f} ms, p99 {p99:.3f} ms (goal p50 < 0.3 ms)")
+
+
+if __name__ == "__main__":
+    main()
