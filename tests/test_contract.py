@@ -883,3 +883,28 @@ def test_pending_count_counts_queued_running_and_parked(backend: Backend) -> Non
 
 def test_the_queue_satisfies_the_protocol(make_queue: QueueFactory) -> None:
     assert isinstance(make_queue(), syncjobs.JobQueue)
+
+
+def test_a_crashed_worker_loop_is_reported_as_an_uncaught_thread_exception(
+    make_queue: QueueFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    reported: list[BaseException | None] = []
+    reported_event = threading.Event()
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        reported.append(args.exc_value)
+        reported_event.set()
+
+    queue = make_queue(workers=1)
+
+    def broken_claim(stopping: threading.Event) -> None:
+        raise RuntimeError("store broke")
+
+    monkeypatch.setattr(queue._memory, "claim", broken_claim)  # type: ignore[attr-defined]
+    monkeypatch.setattr(threading, "excepthook", hook)
+    queue.start()
+    assert reported_event.wait(WAIT)
+    assert [str(exc) for exc in reported] == ["store broke"]
+    crashed = [r for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert [r.getMessage() for r in crashed] == ["a syncjobs worker loop crashed"]
+    caplog.clear()  # seen and asserted: the autouse guard need not fail this test
