@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import logging
 import random
 import sys
 import threading
@@ -146,6 +147,20 @@ def make_jobs(count: int, rng: random.Random) -> list[Job]:
     return jobs
 
 
+class _ProgressSafeHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Prints log records on a line of their own, clearing the live progress line first."""
+
+    def __init__(self, stream: TextIO, live: bool) -> None:
+        super().__init__(stream)
+        self.live = live
+        self.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.live:
+            self.stream.write("\r\033[K")
+        super().emit(record)
+
+
 def run_demo(*, jobs: int = 300, workers: int = 4, grace: float = 2.0, seed: int = 7, out: TextIO = sys.stdout) -> int:
     """Run the demo; returns the process exit code (0 when every job ended as expected)."""
     tracker = Tracker()
@@ -154,6 +169,11 @@ def run_demo(*, jobs: int = 300, workers: int = 4, grace: float = 2.0, seed: int
         queue.register(job_cls)
     queue.on_dead_letter(tracker.dead_letter)
     live = out.isatty()
+    # The demo is an app: it shows the library's warnings its own way.
+    handler = _ProgressSafeHandler(sys.stderr, live and sys.stderr.isatty())
+    handler.setLevel(logging.WARNING)
+    library_logger = logging.getLogger("syncjobs")
+    library_logger.addHandler(handler)
     out.write(f"syncjobs demo: {jobs} jobs on an in-memory queue with {workers} workers\n")
     started = time.monotonic()
     interrupted = False
@@ -174,6 +194,7 @@ def run_demo(*, jobs: int = 300, workers: int = 4, grace: float = 2.0, seed: int
     finally:
         _tracker.reset(token)
         queue.shutdown()
+        library_logger.removeHandler(handler)
     _progress(out, tracker, queue, live)
     out.write("\n" if live else "")
     elapsed = time.monotonic() - started
