@@ -51,7 +51,8 @@ class RunInfo:
         return f"RunInfo(id={self.id!r}, name={self.name!r}, attempt={self.attempt}, max_attempts={self.max_attempts})"
 
 
-_current: contextvars.ContextVar[RunInfo | None] = contextvars.ContextVar("syncjobs_current_job", default=None)
+current_run: contextvars.ContextVar[RunInfo | None] = contextvars.ContextVar("syncjobs_current_job", default=None)
+_current = current_run
 
 
 def current_job() -> RunInfo | None:

@@ -46,7 +46,7 @@ class DeadLetterHandlers:
         for callback in callbacks:
             try:
                 context.copy().run(callback, dead)
-            except Exception:
+            except BaseException:  # even sys.exit() in a callback must not stop a worker
                 logger.exception(
                     "dead-letter callback %r failed for job %s (%s)", callback, dead.name, dead.job_id, extra=extra
                 )

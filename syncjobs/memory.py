@@ -109,6 +109,16 @@ class InMemoryJobQueue(StoreQueue):
         super().__init__(self._memory, workers=workers, shutdown_grace=shutdown_grace, clock=clock)
         _watch_at_exit(self)
 
+    def start(self) -> None:
+        super().start()
+        # Held strongly while running: a started queue that its owner dropped
+        # still has workers, and must still be stopped (and counted) at exit.
+        _exit_watch.started.add(self)
+
+    def shutdown(self, grace: float | None = None) -> None:
+        super().shutdown(grace)
+        _exit_watch.started.discard(self)
+
     def parked(self) -> list[tuple[float, str]]:
         """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""
         return [(due, envelope.id) for due, envelope in self._memory.timers.entries()]
@@ -130,6 +140,7 @@ class _ExitWatch:
 
     def __init__(self) -> None:
         self.live: weakref.WeakSet[InMemoryJobQueue] = weakref.WeakSet()
+        self.started: set[InMemoryJobQueue] = set()
         self.lock = threading.Lock()
         self.registered = False
 

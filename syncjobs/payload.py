@@ -33,9 +33,14 @@ def encode(job: Job) -> tuple[str, dict[str, Any]]:
         raise QueueError(f"job {job.NAME!r}: to_payload() must return a dict, got {type(payload).__name__}")
     try:
         text = _encoder.encode(payload)
-    except (TypeError, ValueError, RecursionError) as exc:
+    except (TypeError, ValueError) as exc:
         raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {describe_problem(payload)}") from exc
-    decoded, end = _scan_once(text, 0)
+    except RecursionError as exc:
+        raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
+    try:
+        decoded, end = _scan_once(text, 0)
+    except RecursionError as exc:
+        raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
     if end != len(text) or decoded != payload:
         raise QueueError(f"job {job.NAME!r}: payload does not survive a JSON round trip: {describe_problem(payload)}")
     return text, decoded
@@ -51,7 +56,10 @@ def decode(text: str) -> dict[str, Any]:
 
 def describe_problem(payload: dict[str, Any]) -> str:
     """Name the first field, by path, that JSON cannot carry unchanged, and why."""
-    problem = _find(payload, "", set())
+    try:
+        problem = _find(payload, "", set())
+    except RecursionError:
+        return "the payload is nested too deeply to say where"
     return problem or "a value changes in the round trip"
 
 

@@ -13,6 +13,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from typing_extensions import Self
 
+from .context import current_run
 from .dead_letters import DeadLetterCallback, DeadLetterHandlers
 from .envelope import Envelope
 from .errors import QueueError
@@ -102,9 +103,11 @@ class StoreQueue:
         job_cls = self._registry.check_dispatchable(job)
         payload, decoded = encode(job)
         seconds = _delay_seconds(job_cls.NAME, delay)
-        envelope = Envelope(
-            new_job_id(), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, contextvars.copy_context(), decoded
-        )
+        context = contextvars.copy_context()
+        if context.get(current_run) is not None:
+            # Dispatched from inside a run: the child job is not that run.
+            context.run(current_run.set, None)
+        envelope = Envelope(new_job_id(), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, context, decoded)
         self._store.put(envelope, seconds)
         return envelope.id
 

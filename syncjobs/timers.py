@@ -35,14 +35,17 @@ class TimerHeap(Generic[T]):
         # gone leaves its loop, so a quick stop-then-start never runs two.
         self._generation = 0
         self._thread: threading.Thread | None = None
+        # Times the thread has handed over all that was due and gone to sleep.
+        self._passes = 0
 
     def push(self, due: float, item: T) -> None:
         """Hold ``item`` until ``due`` (a reading of the clock)."""
         with self._cond:
             heapq.heappush(self._heap, (due, next(self._seq), item))
             if self._heap[0][2] is item:
-                # Earlier than what the thread sleeps towards: wake it.
-                self._cond.notify()
+                # Earlier than what the thread sleeps towards: wake it. All
+                # waiters, since settle() callers wait on this Condition too.
+                self._cond.notify_all()
 
     def pop_due(self, now: float) -> list[T]:
         """Remove and return, earliest first, every item due at or before ``now``."""
@@ -66,6 +69,19 @@ class TimerHeap(Generic[T]):
         """Make the thread look at the clock again (for clocks that jump, as in tests)."""
         with self._cond:
             self._cond.notify_all()
+
+    def settle(self, timeout: float = 5.0) -> bool:
+        """Wake the thread and wait until it has handed over everything now due.
+
+        For clocks that jump (tests): after ``settle()`` returns True, what is
+        still in the heap was not due when the thread last looked.
+        """
+        with self._cond:
+            if self._thread is None:
+                return True
+            seen = self._passes
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: self._passes > seen, timeout)
 
     def start(self) -> None:
         with self._cond:
@@ -100,8 +116,13 @@ class TimerHeap(Generic[T]):
                     ready = self._pop_due_locked(self._clock())
                     if ready:
                         break
+                    # Settled: everything due is handed over. Tell settle().
+                    self._passes += 1
+                    self._cond.notify_all()
                     timeout = self._heap[0][0] - self._clock() if self._heap else None
-                    self._cond.wait(timeout)
+                    # Condition.wait() refuses timeouts past TIMEOUT_MAX (a
+                    # delay of centuries); waking early just means looking again.
+                    self._cond.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
             # Hand over outside the lock, so push() never waits on on_due.
             for item in ready:
                 self._on_due(item)

@@ -29,6 +29,10 @@ from .retry import retry_backoff
 
 logger = logging.getLogger("syncjobs")
 
+# How long shutdown waits, past the grace, for idle workers to take their
+# wake-up and leave; they need microseconds, so this is only a backstop.
+_IDLE_EXIT_BOUND = 1.0
+
 
 class Store(Protocol):
     """Where envelopes wait. The worker loop calls nothing else."""
@@ -62,12 +66,24 @@ class Outcome(enum.Enum):
 class _Run:
     """One run in progress; ``abandoned`` once shutdown has handed it back."""
 
-    __slots__ = ("abandoned", "envelope", "info")
+    __slots__ = ("abandoned", "context", "envelope", "info")
 
     def __init__(self, envelope: Envelope) -> None:
         self.envelope = envelope
         self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts)
+        # A fresh copy per run: one Context cannot be entered by two threads
+        # at once, and what the job sets must not leak into its next run.
+        self.context = envelope.context.copy()
         self.abandoned = False
+
+
+class _Slot:
+    """What one worker thread is running, so that shutdown can tell idle workers from stuck ones."""
+
+    __slots__ = ("run",)
+
+    def __init__(self) -> None:
+        self.run: _Run | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -75,8 +91,8 @@ class _Generation:
     """The workers of one ``start()``; a later ``start()`` never reuses them."""
 
     stopping: threading.Event
-    executor: ThreadPoolExecutor | None
-    futures: list[concurrent.futures.Future[None]]
+    executor: ThreadPoolExecutor | None = None
+    workers: list[tuple[_Slot, concurrent.futures.Future[None]]] = dataclasses.field(default_factory=list)
 
 
 class WorkerPool:
@@ -113,52 +129,63 @@ class WorkerPool:
     def start(self) -> None:
         if self._generation is not None:
             return
-        generation = _Generation(threading.Event(), None, [])
+        generation = _Generation(threading.Event())
         if self._workers:
             executor = ThreadPoolExecutor(self._workers, thread_name_prefix="syncjobs-worker")
             generation.executor = executor
             for _ in range(self._workers):
-                future = executor.submit(self._loop, generation)
+                slot = _Slot()
+                future = executor.submit(self._loop, generation, slot)
                 future.add_done_callback(_report_crash)
-                generation.futures.append(future)
+                generation.workers.append((slot, future))
         self._generation = generation
 
     def shutdown(self, grace: float) -> None:
         """Stop claiming, give running jobs ``grace`` seconds in all, then hand back the rest."""
-        generation, self._generation = self._generation, None
+        generation = self._generation
         if generation is None:
             return
         deadline = time.monotonic() + grace
         with self._lock:
             generation.stopping.set()
-        self._store.wake(self._workers)
-        if generation.futures:
-            # One deadline shared by all workers, not grace per worker.
-            concurrent.futures.wait(generation.futures, timeout=max(0.0, deadline - time.monotonic()))
+            self._generation = None
+        self._store.wake(len(generation.workers))
+        futures = [future for _, future in generation.workers]
+        # One deadline shared by all workers, not grace per worker.
+        concurrent.futures.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
         with self._lock:
             stranded = list(self._running)
             for run in stranded:
                 run.abandoned = True
             self._running.clear()
-        for run in stranded:
-            run.info.cancel()
-            envelope = run.envelope
-            logger.warning(
-                "job %s (%s) still running after the shutdown grace of %.1fs: cancelled and handed back",
-                envelope.name,
-                envelope.id,
-                grace,
-                extra=_extra(envelope),
-            )
-            self._hand_back(envelope, "aborted at shutdown")
-        if generation.executor is not None:
-            # Threads stuck in a job that ignores its cancel token are left
-            # behind; the next start() builds a fresh executor.
-            generation.executor.shutdown(wait=False)
+        # Idle workers may not have taken their wake-up yet (with a grace of
+        # 0, say); they leave within microseconds. Waiting for them means no
+        # worker of this generation stays blocked on the store to take a wake-up
+        # or a job meant for the next start(); only workers stuck in an
+        # abandoned run are left behind, and those never claim again.
+        idle = [future for slot, future in generation.workers if not (slot.run and slot.run.abandoned)]
+        concurrent.futures.wait(idle, timeout=_IDLE_EXIT_BOUND)
+        try:
+            for run in stranded:
+                run.info.cancel()
+                envelope = run.envelope
+                logger.warning(
+                    "job %s (%s) still running after the shutdown grace of %.1fs: cancelled and handed back",
+                    envelope.name,
+                    envelope.id,
+                    grace,
+                    extra=_extra(envelope),
+                )
+                self._hand_back(envelope, "aborted at shutdown")
+        finally:
+            if generation.executor is not None:
+                # Threads stuck in a job that ignores its cancel token are left
+                # behind; the next start() builds a fresh executor.
+                generation.executor.shutdown(wait=False)
 
     # -- the loop ---------------------------------------------------------
 
-    def _loop(self, generation: _Generation) -> None:
+    def _loop(self, generation: _Generation, slot: _Slot) -> None:
         store = self._store
         stopping = generation.stopping
         while not stopping.is_set():
@@ -173,7 +200,11 @@ class WorkerPool:
                     store.release(envelope)
                     return
                 self._running.add(run)
-            self._apply(run, *self._execute(run))
+                slot.run = run
+            try:
+                self._apply(run, *self._execute(run))
+            finally:
+                slot.run = None
 
     def _execute(self, run: _Run) -> tuple[Outcome, str, Job | None, BaseException | None]:
         envelope = run.envelope
@@ -184,13 +215,11 @@ class WorkerPool:
         # decoded; a retry decodes afresh, so it never sees what a run changed.
         data, envelope.decoded = envelope.decoded, None
         try:
-            job = job_cls.from_payload(decode(envelope.payload) if data is None else data)
-        except Exception as exc:  # noqa: BLE001 - whatever from_payload raises, the row cannot run
+            job = run.context.run(job_cls.from_payload, decode(envelope.payload) if data is None else data)
+        except BaseException as exc:  # noqa: BLE001 - whatever from_payload raises, the job cannot run
             return Outcome.DEAD, f"cannot be run: payload does not fit {envelope.name!r}: {_describe(exc)}", None, exc
         try:
-            # A fresh copy per run: one Context cannot be entered by two
-            # threads at once, and what the job sets must not leak anywhere.
-            envelope.context.copy().run(_invoke, job, run.info)
+            run.context.run(_invoke, job, run.info)
         except Cancelled:
             return Outcome.ABORTED, "cancelled", job, None
         except Fatal as exc:
@@ -206,7 +235,10 @@ class WorkerPool:
         with self._lock:
             if run.abandoned:
                 # Shutdown already handed this run back: its late outcome is void.
-                logger.debug("late finish of abandoned job %s (%s) ignored", run.envelope.name, run.envelope.id)
+                envelope = run.envelope
+                logger.debug(
+                    "late finish of abandoned job %s (%s) ignored", envelope.name, envelope.id, extra=_extra(envelope)
+                )
                 return
             self._running.discard(run)
         envelope = run.envelope
@@ -221,15 +253,16 @@ class WorkerPool:
                 envelope.attempt += 1
             self._dead(envelope, error, exc)
         else:
-            self._retry(envelope, error, job, exc)
+            self._retry(run, error, job, exc)
 
-    def _retry(self, envelope: Envelope, error: str, job: Job | None, exc: BaseException | None) -> None:
+    def _retry(self, run: _Run, error: str, job: Job | None, exc: BaseException | None) -> None:
+        envelope = run.envelope
         failed = envelope.attempt
         envelope.attempt += 1
         if envelope.attempt >= envelope.max_attempts:
             self._dead(envelope, error, exc)
             return
-        wait = _retry_wait(job, failed, envelope)
+        wait = retry_backoff(failed) if job is None else _retry_wait(job, failed, run)
         # INFO: a retry is the queue working as designed; the dead letter, if
         # it comes to that, is the WARNING or ERROR.
         logger.info(
@@ -272,17 +305,26 @@ def _invoke(job: Job, info: RunInfo) -> None:
         reset_current(token)
 
 
-def _retry_wait(job: Job | None, failed: int, envelope: Envelope) -> float:
-    if job is None:
-        return retry_backoff(failed)
+def _retry_wait(job: Job, failed: int, run: _Run) -> float:
+    """The job's own wait, run in its context; the default backoff if that fails or makes no sense."""
+    envelope = run.envelope
     try:
-        wait = float(job.retry_wait(failed))
-    except Exception:
-        logger.exception("retry_wait() of job %s (%s) failed; using the default backoff", envelope.name, envelope.id)
+        wait = float(run.context.run(job.retry_wait, failed))
+    except BaseException:  # user code: whatever it raises, the worker goes on
+        logger.exception(
+            "retry_wait() of job %s (%s) failed; using the default backoff",
+            envelope.name,
+            envelope.id,
+            extra=_extra(envelope),
+        )
         return retry_backoff(failed)
     if not 0 <= wait < float("inf"):
         logger.error(
-            "retry_wait() of job %s (%s) returned %r; using the default backoff", envelope.name, envelope.id, wait
+            "retry_wait() of job %s (%s) returned %r; using the default backoff",
+            envelope.name,
+            envelope.id,
+            wait,
+            extra=_extra(envelope),
         )
         return retry_backoff(failed)
     return wait

@@ -26,8 +26,9 @@ class Backend:
             options["clock"] = clock
         queue = syncjobs.InMemoryJobQueue(workers, **options)
         if clock is not None:
-            # The timer thread sleeps on real time; a jump of the fake clock must wake it.
-            clock.listeners.append(queue._memory.timers.wake)
+            # The timer thread sleeps on real time: after a jump of the fake
+            # clock, wait until it has handed over whatever became due.
+            clock.listeners.append(queue._memory.timers.settle)
         for job_cls in (ProbeJob, OnceJob, ThreeTimesJob):
             queue.register(job_cls)
         self.queues.append(queue)

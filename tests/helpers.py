@@ -137,7 +137,7 @@ class FakeClock:
 
     def __init__(self, start: float = 1000.0) -> None:
         self.now = start
-        self.listeners: list[Callable[[], None]] = []
+        self.listeners: list[Callable[[], object]] = []
 
     def __call__(self) -> float:
         return self.now

@@ -25,6 +25,17 @@ def dead_letters(queue: syncjobs.JobQueue) -> list[syncjobs.DeadLetter]:
     return letters
 
 
+def wait_late_finish_dropped(caplog: pytest.LogCaptureFixture, job_id: str) -> None:
+    """Wait until the worker has applied (that is, dropped) an abandoned run's late outcome."""
+    wait_until(
+        lambda: any(
+            "late finish of abandoned job" in r.getMessage() and getattr(r, "job_id", None) == job_id
+            for r in caplog.records
+        ),
+        what="the abandoned run's late outcome to be dropped",
+    )
+
+
 def shutdown_in_thread(queue: syncjobs.JobQueue, grace: float) -> tuple[threading.Thread, list[float]]:
     took: list[float] = []
 
@@ -675,7 +686,9 @@ def test_queued_jobs_stay_queued_at_shutdown(make_queue: QueueFactory) -> None:
     assert sorted(r["label"] for r in queued.runs) == [0, 1, 2]
 
 
-def test_past_the_grace_a_cooperative_job_is_cancelled_and_handed_back(make_queue: QueueFactory) -> None:
+def test_past_the_grace_a_cooperative_job_is_cancelled_and_handed_back(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = make_queue()
     letters = dead_letters(queue)
     probe = Probe("cooperate", "ok")
@@ -686,7 +699,7 @@ def test_past_the_grace_a_cooperative_job_is_cancelled_and_handed_back(make_queu
     queue.shutdown(grace=0.1)
     assert time.monotonic() - began < 0.1 + SHUTDOWN_MARGIN
     assert probe.runs[0]["info"].cancelled.is_set()
-    probe.wait_finished(1)
+    wait_late_finish_dropped(caplog, job_id)
     assert queue.pending_count() == 1
     assert letters == []
     with queue:  # the run was spent: the next one is attempt 1
@@ -695,12 +708,14 @@ def test_past_the_grace_a_cooperative_job_is_cancelled_and_handed_back(make_queu
     assert {r["id"] for r in probe.runs} == {job_id}
 
 
-def test_shutdown_returns_on_time_when_a_job_ignores_cancellation(make_queue: QueueFactory) -> None:
+def test_shutdown_returns_on_time_when_a_job_ignores_cancellation(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = make_queue()
     letters = dead_letters(queue)
     probe = Probe("block", "ok")
     queue.start()
-    queue.dispatch(ProbeJob(probe.id))
+    job_id = queue.dispatch(ProbeJob(probe.id))
     probe.wait_runs(1)
     began = time.monotonic()
     queue.shutdown(grace=0.2)
@@ -708,7 +723,7 @@ def test_shutdown_returns_on_time_when_a_job_ignores_cancellation(make_queue: Qu
     assert probe.finished == []  # still running, left behind
     assert queue.pending_count() == 1
     probe.release.set()
-    probe.wait_finished(1)
+    wait_late_finish_dropped(caplog, job_id)
     # Its late success is void: not counted done, no dead letter.
     assert queue.pending_count() == 1
     assert letters == []
@@ -736,14 +751,11 @@ def test_a_late_failure_of_an_abandoned_run_is_void_too(
     letters = dead_letters(queue)
     queue.register(FailsLate)
     queue.start()
-    queue.dispatch(FailsLate())
+    job_id = queue.dispatch(FailsLate())
     assert started.wait(WAIT)
     queue.shutdown(grace=0)
     release.set()
-    wait_until(
-        lambda: any("late finish of abandoned job" in r.getMessage() for r in caplog.records),
-        what="the stranded run's outcome to be dropped",
-    )
+    wait_late_finish_dropped(caplog, job_id)
     assert letters == []
     assert queue.pending_count() == 1
 
@@ -908,3 +920,117 @@ def test_a_crashed_worker_loop_is_reported_as_an_uncaught_thread_exception(
     crashed = [r for r in caplog.records if r.levelno == logging.CRITICAL]
     assert [r.getMessage() for r in crashed] == ["a syncjobs worker loop crashed"]
     caplog.clear()  # seen and asserted: the autouse guard need not fail this test
+
+
+def test_quick_restarts_leave_no_worker_behind(make_queue: QueueFactory) -> None:
+    # shutdown(grace=0) right after start(): idle workers have not yet taken
+    # their wake-up. None may stay blocked to take a later generation's work.
+    before = set(threading.enumerate())
+    queue = make_queue(workers=4)
+    for _ in range(20):
+        queue.start()
+        queue.shutdown(grace=0)
+    probe = Probe()
+    with queue:
+        for label in range(50):
+            queue.dispatch(ProbeJob(probe.id, label))
+        assert queue.join(WAIT)
+    assert sorted(r["label"] for r in probe.runs) == list(range(50))
+    wait_until(
+        lambda: not [t for t in set(threading.enumerate()) - before if t.name.startswith("syncjobs-worker")],
+        what="every worker thread of the queue to exit",
+    )
+
+
+def test_a_delay_of_centuries_does_not_stop_the_timer(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    far, near = Probe(), Probe()
+    with queue:
+        queue.dispatch(ProbeJob(far.id), delay=1e15)  # past threading.TIMEOUT_MAX
+        queue.dispatch(ProbeJob(near.id), delay=0.01)
+        near.wait_finished(1)
+        assert far.runs == []
+        assert queue.pending_count() == 1
+
+
+def test_a_callback_calling_sys_exit_does_not_stop_the_worker(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make_queue(workers=1)
+
+    def exits(dead: syncjobs.DeadLetter) -> None:
+        raise SystemExit(3)
+
+    queue.on_dead_letter(exits)
+    after = Probe()
+    with queue:
+        queue.dispatch(OnceJob(Probe("fatal").id))
+        queue.dispatch(ProbeJob(after.id))
+        assert queue.join(WAIT)
+    assert len(after.runs) == 1
+    assert [r.levelno for r in caplog.records if "dead-letter callback" in r.getMessage()] == [logging.ERROR]
+
+
+def test_a_job_dispatched_from_a_job_is_not_the_parents_run(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    seen_in_callback: list[object] = []
+    queue.on_dead_letter(lambda dead: seen_in_callback.append(syncjobs.current_job()))
+    child = Probe("fatal")
+
+    @dataclasses.dataclass
+    class Parent(syncjobs.Job):
+        NAME = "tests.parent"
+
+        def run(self) -> None:
+            queue.dispatch(OnceJob(child.id))
+
+    queue.register(Parent)
+    with queue:
+        queue.dispatch(Parent())
+        assert queue.join(WAIT)
+    wait_until(lambda: len(seen_in_callback) == 1, what="the child's dead letter")
+    assert seen_in_callback == [None]
+    assert [r["name"] for r in child.runs] == ["tests.once"]
+
+
+def test_a_payload_nested_too_deeply_is_a_queue_error(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    queue.register(AnyPayload)
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(syncjobs.QueueError, match=r"'tests\.any_payload': payload is nested too deeply"):
+        queue.dispatch(AnyPayload(deep))
+    assert queue.pending_count() == 0
+
+
+def test_from_payload_and_retry_wait_run_in_the_dispatch_context(make_queue: QueueFactory) -> None:
+    seen: list[tuple[str, str]] = []
+
+    @dataclasses.dataclass
+    class Contextual(syncjobs.Job):
+        NAME = "tests.contextual"
+        MAX_ATTEMPTS = 2
+
+        @classmethod
+        def from_payload(cls, data: dict[str, object]) -> Contextual:
+            seen.append(("from_payload", request_id.get()))
+            return cls()
+
+        def run(self) -> None:
+            raise syncjobs.Retryable("again")
+
+        def retry_wait(self, failed_attempt: int) -> float:
+            seen.append(("retry_wait", request_id.get()))
+            return 0.0
+
+    queue = make_queue()
+    queue.register(Contextual)
+    token = request_id.set("req-ctx")
+    try:
+        with queue:
+            queue.dispatch(Contextual())
+            assert queue.join(WAIT)
+    finally:
+        request_id.reset(token)
+    assert seen == [("from_payload", "req-ctx"), ("retry_wait", "req-ctx"), ("from_payload", "req-ctx")]

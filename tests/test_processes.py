@@ -26,9 +26,19 @@ def _python(*args: str, **kwargs: object) -> subprocess.Popen[str]:
     )
 
 
+def _communicate(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """Wait for the process; on a timeout, kill it so that no hung child outlives the test."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+
+
 def test_the_demo_runs_every_job_and_prints_a_summary() -> None:
     proc = _python("-m", "syncjobs", "demo", "--jobs", "120")
-    out, err = proc.communicate(timeout=60)
+    out, err = _communicate(proc, 60)
     assert proc.returncode == 0, err
     summary = [line for line in out.splitlines() if line.startswith("summary:")]
     assert len(summary) == 1
@@ -41,10 +51,10 @@ def test_ctrl_c_during_the_demo_shuts_down_gracefully() -> None:
     proc = _python("-m", "syncjobs", "demo", "--jobs", "100000", "--grace", "1")
     assert proc.stdout is not None
     # The first progress line says the workers are running.
-    while not proc.stdout.readline().startswith("done"):
-        pass
+    while not (line := proc.stdout.readline()).startswith("done"):
+        assert line, f"the demo ended before its first progress line: {_communicate(proc, WAIT)}"
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=WAIT + 20)
+    out, err = _communicate(proc, WAIT + 20)
     assert proc.returncode == 130, err
     assert "interrupted: shutting down" in out
     assert "summary:" in out
@@ -75,7 +85,7 @@ def test_interpreter_exit_warns_once_of_lost_jobs_and_does_not_hang() -> None:
         """
     )
     proc = _python("-c", script)
-    out, err = proc.communicate(timeout=30)
+    out, err = _communicate(proc, 30)
     assert proc.returncode == 0, err
     assert out == "exiting\n"
     warnings = [line for line in err.splitlines() if "still pending" in line]
@@ -104,5 +114,63 @@ def test_a_clean_exit_says_nothing() -> None:
         """
     )
     proc = _python("-c", script)
-    out, err = proc.communicate(timeout=30)
+    out, err = _communicate(proc, 30)
     assert (proc.returncode, out, err) == (0, "", "")
+
+
+def _exits_cleanly_with_warning(script: str, lost: int) -> None:
+    proc = _python("-c", textwrap.dedent(script))
+    _, err = _communicate(proc, 30)
+    assert proc.returncode == 0, err
+    warnings = [line for line in err.splitlines() if "still pending" in line]
+    assert len(warnings) == 1, err
+    assert f"exiting with {lost} job(s) still pending" in warnings[0]
+
+
+def test_a_started_queue_its_owner_dropped_is_still_stopped_at_exit() -> None:
+    _exits_cleanly_with_warning(
+        """
+        import dataclasses, gc, logging, syncjobs
+        logging.basicConfig(format="%(levelname)s %(message)s")
+
+        @dataclasses.dataclass
+        class Never(syncjobs.Job):
+            NAME = "never"
+            def run(self):
+                pass
+
+        def fire_and_forget():
+            queue = syncjobs.InMemoryJobQueue(workers=2)
+            queue.register(Never)
+            queue.dispatch(Never(), delay=3600)
+            queue.start()
+
+        fire_and_forget()
+        gc.collect()
+        """,
+        lost=1,
+    )
+
+
+def test_exit_after_quick_restarts_does_not_hang() -> None:
+    _exits_cleanly_with_warning(
+        """
+        import dataclasses, logging, syncjobs
+        logging.basicConfig(format="%(levelname)s %(message)s")
+
+        @dataclasses.dataclass
+        class Never(syncjobs.Job):
+            NAME = "never"
+            def run(self):
+                pass
+
+        queue = syncjobs.InMemoryJobQueue(workers=4)
+        queue.register(Never)
+        for _ in range(10):
+            queue.start()
+            queue.shutdown(grace=0)
+        queue.start()
+        queue.dispatch(Never(), delay=3600)
+        """,
+        lost=1,
+    )

@@ -53,7 +53,7 @@ def _collecting_heap(clock: FakeClock) -> tuple[TimerHeap[str], list[str], threa
             cond.notify_all()
 
     heap = TimerHeap(on_due, clock=clock)
-    clock.listeners.append(heap.wake)
+    clock.listeners.append(heap.settle)
     return heap, delivered, cond
 
 
