@@ -46,17 +46,18 @@ class Countdown:
                 self.done.set()
 
 
+@dataclasses.dataclass
+class Noop(syncjobs.Job):
+    NAME = "bench.noop"
+    user_id: int
+    template: str
+    locale: str
+
+    def run(self) -> None:
+        pass
+
+
 def run_syncjobs(jobs: int) -> float:
-    @dataclasses.dataclass
-    class Noop(syncjobs.Job):
-        NAME = "bench.noop"
-        user_id: int
-        template: str
-        locale: str
-
-        def run(self) -> None:
-            pass
-
     queue_ = syncjobs.InMemoryJobQueue(WORKERS)
     queue_.register(Noop)
     job = Noop(**PAYLOAD)  # type: ignore[arg-type]
@@ -110,17 +111,6 @@ def run_plain_threads(jobs: int) -> float:
 
 def dispatch_cost_us(calls: int) -> float:
     """Median wall time of one dispatch() call, on a queue whose workers do not compete."""
-
-    @dataclasses.dataclass
-    class Noop(syncjobs.Job):
-        NAME = "bench.dispatch"
-        user_id: int
-        template: str
-        locale: str
-
-        def run(self) -> None:
-            pass
-
     queue_ = syncjobs.InMemoryJobQueue(workers=0)
     queue_.register(Noop)
     job = Noop(**PAYLOAD)  # type: ignore[arg-type]

@@ -95,31 +95,21 @@ def test_interpreter_exit_warns_once_of_lost_jobs_and_does_not_hang() -> None:
     ], err
 
 
-def test_a_clean_exit_says_nothing() -> None:
-    script = textwrap.dedent(
-        """
-        import dataclasses, logging, syncjobs
-        logging.basicConfig(format="%(levelname)s %(message)s")
+# A script's start: logging to stderr, and a job that does nothing.
+_NOOP_JOB = """
+import dataclasses, gc, logging, syncjobs
+logging.basicConfig(format="%(levelname)s %(message)s")
 
-        @dataclasses.dataclass
-        class Quick(syncjobs.Job):
-            NAME = "quick"
-            def run(self):
-                pass
-
-        with syncjobs.InMemoryJobQueue() as queue:
-            queue.register(Quick)
-            queue.dispatch(Quick())
-            assert queue.join(10)
-        """
-    )
-    proc = _python("-c", script)
-    out, err = _communicate(proc, 30)
-    assert (proc.returncode, out, err) == (0, "", "")
+@dataclasses.dataclass
+class Noop(syncjobs.Job):
+    NAME = "noop"
+    def run(self):
+        pass
+"""
 
 
 def _exits_cleanly_with_warning(script: str, lost: int) -> None:
-    proc = _python("-c", textwrap.dedent(script))
+    proc = _python("-c", _NOOP_JOB + textwrap.dedent(script))
     _, err = _communicate(proc, 30)
     assert proc.returncode == 0, err
     warnings = [line for line in err.splitlines() if "still pending" in line]
@@ -130,19 +120,10 @@ def _exits_cleanly_with_warning(script: str, lost: int) -> None:
 def test_a_started_queue_its_owner_dropped_is_still_stopped_at_exit() -> None:
     _exits_cleanly_with_warning(
         """
-        import dataclasses, gc, logging, syncjobs
-        logging.basicConfig(format="%(levelname)s %(message)s")
-
-        @dataclasses.dataclass
-        class Never(syncjobs.Job):
-            NAME = "never"
-            def run(self):
-                pass
-
         def fire_and_forget():
             queue = syncjobs.InMemoryJobQueue(workers=2)
-            queue.register(Never)
-            queue.dispatch(Never(), delay=3600)
+            queue.register(Noop)
+            queue.dispatch(Noop(), delay=3600)
             queue.start()
 
         fire_and_forget()
@@ -155,22 +136,27 @@ def test_a_started_queue_its_owner_dropped_is_still_stopped_at_exit() -> None:
 def test_exit_after_quick_restarts_does_not_hang() -> None:
     _exits_cleanly_with_warning(
         """
-        import dataclasses, logging, syncjobs
-        logging.basicConfig(format="%(levelname)s %(message)s")
-
-        @dataclasses.dataclass
-        class Never(syncjobs.Job):
-            NAME = "never"
-            def run(self):
-                pass
-
         queue = syncjobs.InMemoryJobQueue(workers=4)
-        queue.register(Never)
+        queue.register(Noop)
         for _ in range(10):
             queue.start()
             queue.shutdown(grace=0)
         queue.start()
-        queue.dispatch(Never(), delay=3600)
+        queue.dispatch(Noop(), delay=3600)
         """,
         lost=1,
     )
+
+
+def test_a_clean_exit_says_nothing() -> None:
+    script = _NOOP_JOB + textwrap.dedent(
+        """
+        with syncjobs.InMemoryJobQueue() as queue:
+            queue.register(Noop)
+            queue.dispatch(Noop())
+            assert queue.join(10)
+        """
+    )
+    proc = _python("-c", script)
+    out, err = _communicate(proc, 30)
+    assert (proc.returncode, out, err) == (0, "", "")
