@@ -4,6 +4,7 @@ Everything public is importable from here; see README.rst for the contract.
 """
 
 from .context import RunInfo, current_job
+from .database import DatabaseJobQueue, DatabaseUnavailable, PgJobQueue
 from .envelope import DeadLetter
 from .errors import Cancelled, Fatal, JobError, QueueError, Retryable
 from .job import DEFAULT_MAX_ATTEMPTS, Job
@@ -19,12 +20,15 @@ __all__ = [
     "DEFAULT_SHUTDOWN_GRACE",
     "MAX_BACKOFF",
     "Cancelled",
+    "DatabaseJobQueue",
+    "DatabaseUnavailable",
     "DeadLetter",
     "Fatal",
     "InMemoryJobQueue",
     "Job",
     "JobError",
     "JobQueue",
+    "PgJobQueue",
     "QueueError",
     "Retryable",
     "RunInfo",

@@ -26,6 +26,8 @@ class Envelope:
     #: ``payload`` already decoded by dispatch's round-trip check, for the
     #: first run only (it is dropped once taken); ``None`` means decode.
     decoded: dict[str, Any] | None = None
+    #: The lease token of a database claim; every change to the row is fenced on it.
+    lease: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,15 +100,8 @@ class StoreQueue:
 
     def dispatch(self, job: Job, *, delay: Delay = None) -> str:
         """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``."""
-        job_cls = self._registry.check_dispatchable(job)
-        payload, decoded = encode(job)
-        seconds = _delay_seconds(job_cls.NAME, delay)
-        context = contextvars.copy_context()
-        if context.get(current_run) is not None:
-            # Dispatched from inside a run: the child job is not that run.
-            context.run(current_run.set, None)
-        envelope = Envelope(new_job_id(), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, context, decoded)
-        self._store.put(envelope, seconds)
+        envelope = new_envelope(self._registry, job)
+        self._store.put(envelope, delay_seconds(envelope.name, delay))
         return envelope.id
 
     def start(self) -> None:
@@ -154,7 +147,18 @@ def _check_grace(value: float, what: str) -> float:
     return float(value)
 
 
-def _delay_seconds(name: str, delay: Delay) -> float:
+def new_envelope(registry: Registry, job: Job) -> Envelope:
+    """Check ``job`` and wrap it for a store; ``QueueError`` naming the job if it cannot be dispatched."""
+    job_cls = registry.check_dispatchable(job)
+    payload, decoded = encode(job)
+    context = contextvars.copy_context()
+    if context.get(current_run) is not None:
+        # Dispatched from inside a run: the child job is not that run.
+        context.run(current_run.set, None)
+    return Envelope(new_job_id(), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, context, decoded)
+
+
+def delay_seconds(name: str, delay: Delay) -> float:
     if delay is None:
         return 0.0
     if isinstance(delay, datetime.timedelta):

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from .database import DatabaseJobQueue
+from .database.dialects import MYSQL, POSTGRES, SQLITE, dialect_for
 from .errors import QueueError
 from .memory import InMemoryJobQueue
 from .queue import DEFAULT_SHUTDOWN_GRACE, JobQueue
@@ -14,7 +16,8 @@ from .queue import DEFAULT_SHUTDOWN_GRACE, JobQueue
 logger = logging.getLogger("syncjobs")
 
 KNOWN_KEYS = frozenset({"backend", "url", "concurrency", "shutdown_grace"})
-AVAILABLE_BACKENDS = ("memory",)
+DATABASE_BACKENDS = {"sqlite": SQLITE, "postgresql": POSTGRES, "mysql": MYSQL}
+AVAILABLE_BACKENDS = ("memory", *DATABASE_BACKENDS)
 DEFAULT_CONCURRENCY = 4
 
 
@@ -22,15 +25,20 @@ def from_settings(settings: Mapping[str, Any]) -> JobQueue:
     """A queue from ``{"backend", "url", "concurrency", "shutdown_grace"}``; unknown keys are refused."""
     _check_keys(settings)
     backend = settings.get("backend", "memory")
-    if backend != "memory":
-        raise QueueError(
-            f"unknown backend {backend!r} in settings: this version of syncjobs has "
-            f"{', '.join(map(repr, AVAILABLE_BACKENDS))}"
-        )
     url = settings.get("url")
-    if url not in (None, "", "memory://"):
-        raise QueueError(f"the memory backend takes no url (or 'memory://'), got {url!r}")
-    return _memory_queue(settings)
+    if backend == "memory":
+        if url not in (None, "", "memory://"):
+            raise QueueError(f"the memory backend takes no url (or 'memory://'), got {url!r}")
+        return _memory_queue(settings)
+    if backend not in DATABASE_BACKENDS:
+        raise QueueError(
+            f"unknown backend {backend!r} in settings: choose one of {', '.join(map(repr, AVAILABLE_BACKENDS))}"
+        )
+    if not url:
+        raise QueueError(f"the {backend} backend needs a 'url' in settings")
+    if dialect_for(url) is not DATABASE_BACKENDS[backend]:
+        raise QueueError(f"settings name the {backend!r} backend but the url {url!r} is for another database")
+    return _database_queue(url, settings)
 
 
 def inmemory_from_settings(settings: Mapping[str, Any]) -> InMemoryJobQueue:
@@ -43,11 +51,15 @@ def inmemory_from_settings(settings: Mapping[str, Any]) -> InMemoryJobQueue:
 
 
 def connect(url: str, **options: Any) -> JobQueue:
-    """A queue for ``url`` (``memory://`` in this version); ``options`` go to its constructor."""
+    """A queue for ``url``: ``memory://``, ``sqlite:///path``, ``postgresql://…`` or ``mysql://…``.
+
+    ``options`` go to the queue's constructor (``workers``, ``shutdown_grace`` …).
+    """
     scheme = urlsplit(url).scheme if isinstance(url, str) else None
     if scheme == "memory":
         return InMemoryJobQueue(**options)
-    raise QueueError(f"no backend for the URL {url!r}: this version of syncjobs supports 'memory://'")
+    dialect_for(url)  # a clear QueueError for an unknown scheme
+    return DatabaseJobQueue(url, **options)
 
 
 def _check_keys(settings: Mapping[str, Any]) -> None:
@@ -58,6 +70,19 @@ def _check_keys(settings: Mapping[str, Any]) -> None:
         raise QueueError(
             f"unknown settings key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(sorted(KNOWN_KEYS))}"
         )
+
+
+def _database_queue(url: str, settings: Mapping[str, Any]) -> DatabaseJobQueue:
+    concurrency = settings.get("concurrency")
+    grace = settings.get("shutdown_grace")
+    try:
+        return DatabaseJobQueue(
+            url,
+            workers=DEFAULT_CONCURRENCY if concurrency is None else concurrency,
+            shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
+        )
+    except ValueError as exc:
+        raise QueueError(f"bad settings: {exc}") from exc
 
 
 def _memory_queue(settings: Mapping[str, Any]) -> InMemoryJobQueue:

@@ -1,35 +1,77 @@
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import syncjobs
-from tests.helpers import PROBES, FakeClock, OnceJob, ProbeJob, ThreeTimesJob
+from syncjobs.database.dialects import Connector
+from tests.helpers import PROBES, FakeClock, OnceJob, ProbeJob, ThreeTimesJob, request_id
 
-QueueFactory = Callable[..., syncjobs.InMemoryJobQueue]
+QueueFactory = Callable[..., Any]
+
+#: The servers the database tests use; this machine runs both. Override with
+#: SYNCJOBS_TEST_POSTGRES / SYNCJOBS_TEST_MYSQL.
+SERVER_URLS = {
+    "postgresql": os.environ.get("SYNCJOBS_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"),
+    "mysql": os.environ.get("SYNCJOBS_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test"),
+}
+TEST_TABLE = "syncjobs_test_jobs"
+BACKENDS = ["memory", "sqlite", "postgresql", "mysql"]
+JOB_CLASSES = (ProbeJob, OnceJob, ThreeTimesJob)
+
+
+def _reachable(name: str, url: str) -> str:
+    """``url`` if its server answers; else skip (locally) or fail (under CI) with the reason."""
+    try:
+        conn = Connector(url).connect()
+        conn.close()
+    except Exception as exc:  # noqa: BLE001 - any failure to connect means the server is not there
+        reason = f"{name} is not reachable at {url}: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} (CI must start it: see .ci/run)")
+        pytest.skip(reason)
+    return url
+
+
+@pytest.fixture(scope="session")
+def database_urls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return {"sqlite": f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'jobs.db'}", **SERVER_URLS}
 
 
 class Backend:
     """Builds queues of one backend for the contract suite, and cleans them up."""
 
-    name = "memory"
-    supports_fake_clock = True
+    def __init__(self, name: str, url: str | None) -> None:
+        self.name = name
+        self.url = url
+        self.queues: list[Any] = []
 
-    def __init__(self) -> None:
-        self.queues: list[syncjobs.InMemoryJobQueue] = []
+    @property
+    def is_database(self) -> bool:
+        return self.url is not None
 
-    def make(self, workers: int = 2, *, clock: FakeClock | None = None, **options: Any) -> syncjobs.InMemoryJobQueue:
-        if clock is not None:
-            options["clock"] = clock
-        queue = syncjobs.InMemoryJobQueue(workers, **options)
-        if clock is not None:
-            # The timer thread sleeps on real time: after a jump of the fake
-            # clock, wait until it has handed over whatever became due.
-            clock.listeners.append(queue._memory.timers.settle)
-        for job_cls in (ProbeJob, OnceJob, ThreeTimesJob):
+    def make(self, workers: int = 2, *, clock: FakeClock | None = None, **options: Any) -> Any:
+        if self.url is None:
+            if clock is not None:
+                options["clock"] = clock
+            queue: Any = syncjobs.InMemoryJobQueue(workers, **options)
+            if clock is not None:
+                # The timer thread sleeps on real time: after a jump of the fake
+                # clock, wait until it has handed over whatever became due.
+                clock.listeners.append(queue._memory.timers.settle)
+        else:
+            if clock is not None:
+                pytest.skip("a database queue keeps time by the database's clock, which a test cannot move")
+            options.setdefault("queue", f"q-{uuid.uuid4().hex[:12]}")
+            options.setdefault("carry", [request_id])
+            options.setdefault("poll_interval", 0.5)
+            queue = syncjobs.DatabaseJobQueue(self.url, workers=workers, table=TEST_TABLE, **options)
+        for job_cls in JOB_CLASSES:
             queue.register(job_cls)
         self.queues.append(queue)
         return queue
@@ -41,9 +83,11 @@ class Backend:
             queue.shutdown(grace=0)
 
 
-@pytest.fixture(params=["memory"])
-def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    backend = Backend()
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, database_urls: dict[str, str]) -> Iterator[Backend]:
+    name = request.param
+    url = None if name == "memory" else _reachable(name, database_urls[name])
+    backend = Backend(name, url)
     yield backend
     backend.close()
 

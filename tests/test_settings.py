@@ -60,7 +60,7 @@ def test_connect_memory_url() -> None:
     queue = syncjobs.connect("memory://", workers=3)
     assert isinstance(queue, syncjobs.InMemoryJobQueue)
     assert queue.workers == 3
-    with pytest.raises(syncjobs.QueueError, match="no backend for the URL 'ftp://x'"):
+    with pytest.raises(syncjobs.QueueError, match="no database backend for the URL 'ftp://x'"):
         syncjobs.connect("ftp://x")
 
 

@@ -6,6 +6,8 @@ import collections
 import dataclasses
 import threading
 
+import pytest
+
 import syncjobs
 from tests.conftest import QueueFactory
 
@@ -13,6 +15,7 @@ PRODUCERS = 4
 JOBS_EACH = 2_500
 
 
+@pytest.mark.parametrize("backend", ["memory"], indirect=True)
 def test_four_producers_ten_thousand_jobs_four_workers(make_queue: QueueFactory) -> None:
     runs: collections.Counter[int] = collections.Counter()
     lock = threading.Lock()

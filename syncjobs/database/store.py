@@ -1,0 +1,519 @@
+"""The database store: jobs as rows, claimed in batches under leases.
+
+One fetcher thread claims rows for the workers that are waiting (up to one
+per idle worker, in one transaction), a heartbeat thread renews the leases of
+this process's running rows, and on PostgreSQL a listener thread wakes the
+fetcher on NOTIFY. Workers take claimed envelopes from a local queue, so the
+worker loop is the in-memory one, unchanged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import queue as stdqueue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import tenacity
+
+from ..envelope import Envelope
+from ..errors import QueueError
+from ..ids import new_job_id
+from . import queries
+from .dialects import POSTGRES, SQLITE, Connector
+
+logger = logging.getLogger("syncjobs.database")
+
+T = TypeVar("T")
+
+
+class DatabaseUnavailable(QueueError):
+    """The database could not be reached in time; nothing was enqueued."""
+
+
+class _Wake:
+    """Put on the local queue to wake one blocked worker."""
+
+
+_WAKE = _Wake()
+
+
+class DatabaseStore:
+    def __init__(
+        self,
+        connector: Connector,
+        *,
+        table: str,
+        queue: str,
+        lease: float,
+        poll_interval: float,
+        carry: Sequence[contextvars.ContextVar[Any]],
+        dispatch_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.connector = connector
+        self.dialect = connector.dialect
+        self.table = table
+        self.queue = queue
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.carry = {var.name: var for var in carry}
+        self.dispatch_timeout = dispatch_timeout
+        self._clock = clock
+        # Unique per process start (and per store): leases name their owner.
+        self.owner = f"{uuid.uuid4().hex[:12]}"
+        self._sql = {name: self.dialect.sql(text, table) for name, text in vars(queries).items() if name.isupper()}
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._connections_lock = threading.Lock()
+        self._ready: stdqueue.SimpleQueue[Envelope | _Wake] = stdqueue.SimpleQueue()
+        # Workers waiting in claim() and envelopes buffered for them: the
+        # fetcher claims the difference, so it never hoards rows.
+        self._want = threading.Condition()
+        self._waiting = 0
+        self._buffered = 0
+        self._kick = threading.Event()
+        self._closed = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._finished = threading.Condition()
+        #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
+        self.on_expired_dead: Callable[[Envelope, str], None] = lambda envelope, error: None
+
+    # -- connections --------------------------------------------------------
+
+    def _connection(self) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self.connector.connect()
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            with self._connections_lock:
+                if conn in self._connections:
+                    self._connections.remove(conn)
+            try:
+                conn.close()
+            except Exception:
+                logger.debug("closing a broken connection failed", exc_info=True)
+
+    def _retrying(self, deadline: float | None) -> tenacity.Retrying:
+        """Reconnect and retry on a lost connection or a locked SQLite, with capped, jittered waits."""
+        stop: Any = tenacity.stop_never if deadline is None else tenacity.stop_after_delay(deadline)
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(self.connector.is_connection_error),
+            wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
+            stop=stop,
+            before_sleep=self._before_retry,
+            reraise=True,
+        )
+
+    def _before_retry(self, state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        if self.dialect is not SQLITE or state.attempt_number > 3:
+            logger.warning("database %s unavailable (%s); retrying", self.dialect.name, exc)
+        if self.dialect is not SQLITE:
+            self._drop_connection()
+
+    def run(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
+        """Run ``operation(cursor)`` on this thread's connection, retrying through outages."""
+        for attempt in self._retrying(deadline):
+            with attempt:
+                conn = self._connection()
+                cursor = conn.cursor()
+                try:
+                    return operation(cursor)
+                finally:
+                    cursor.close()
+        raise AssertionError("unreachable: tenacity re-raises")  # pragma: no cover
+
+    def transaction(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
+        """Like :meth:`run`, inside one transaction (BEGIN IMMEDIATE on SQLite)."""
+
+        def in_transaction(cursor: Any) -> T:
+            cursor.execute(self.dialect.begin)
+            try:
+                result = operation(cursor)
+            except BaseException:
+                try:
+                    cursor.execute("ROLLBACK")
+                except Exception:
+                    logger.debug("rollback failed", exc_info=True)
+                raise
+            cursor.execute("COMMIT")
+            return result
+
+        return self.run(in_transaction, deadline=deadline)
+
+    # -- intake ---------------------------------------------------------------
+
+    def carried(self, context: contextvars.Context) -> str | None:
+        """The carried variables' values in ``context``, as JSON (None when none are set)."""
+        if not self.carry:
+            return None
+        values = {name: context[var] for name, var in self.carry.items() if var in context}
+        if not values:
+            return None
+        try:
+            return json.dumps(values, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise QueueError(f"carried context variables must be JSON-serializable: {exc}") from exc
+
+    def insert_params(self, envelope: Envelope, delay: float) -> tuple[Any, ...]:
+        return (
+            envelope.id,
+            self.queue,
+            envelope.name,
+            envelope.payload,
+            self.carried(envelope.context),
+            envelope.max_attempts,
+            delay,
+        )
+
+    def put(self, envelope: Envelope, delay: float) -> None:
+        self.put_many([(envelope, delay)])
+
+    def put_many(self, items: Sequence[tuple[Envelope, float]], connection: Any = None) -> None:
+        """Insert rows in one transaction: the caller's (never committed here) or our own."""
+        params = [self.insert_params(envelope, delay) for envelope, delay in items]
+        ids = [envelope.id for envelope, _ in items]
+
+        def insert(cursor: Any) -> None:
+            cursor.executemany(self._sql["INSERT"], params)
+            self._notify(cursor, ids)
+
+        if connection is not None:
+            cursor = connection.cursor()
+            try:
+                insert(cursor)
+            finally:
+                cursor.close()
+        else:
+            try:
+                if len(items) == 1:
+                    self.run(insert, deadline=self.dispatch_timeout)
+                else:
+                    self.transaction(insert, deadline=self.dispatch_timeout)
+            except Exception as exc:
+                if self.connector.is_connection_error(exc):
+                    raise DatabaseUnavailable(
+                        f"job {items[0][0].name!r}: the {self.dialect.name} database is unavailable: {exc}"
+                    ) from exc
+                raise
+        self._kick.set()
+
+    def _notify(self, cursor: Any, ids: Iterable[str]) -> None:
+        if self.dialect is POSTGRES:
+            # Delivered at commit, so a rolled-back dispatch wakes nobody. The
+            # payload is the job id, nothing from the job itself.
+            for job_id in list(ids)[:1]:
+                cursor.execute("SELECT pg_notify(%s, %s)", (self.channel, job_id))
+
+    @property
+    def channel(self) -> str:
+        return f"{self.table}_{self.queue}"[:63]
+
+    # -- the worker loop's calls ------------------------------------------
+
+    def claim(self, stopping: threading.Event) -> Envelope | None:
+        with self._want:
+            self._waiting += 1
+            self._want.notify_all()
+        item = self._ready.get()
+        with self._want:
+            self._waiting -= 1
+            if item is not _WAKE:
+                self._buffered -= 1
+        return None if isinstance(item, _Wake) else item
+
+    def complete(self, envelope: Envelope) -> None:
+        self._fenced("COMPLETE", (envelope.id, envelope.lease), envelope)
+
+    def park(self, envelope: Envelope, due: float) -> None:
+        delay = max(0.0, due - self._clock())
+        self._fenced("PARK", (envelope.attempt, delay, envelope.id, envelope.lease), envelope)
+
+    def release(self, envelope: Envelope) -> None:
+        self._fenced("PARK", (envelope.attempt, 0.0, envelope.id, envelope.lease), envelope)
+
+    def dead(self, envelope: Envelope, error: str) -> None:
+        self._fenced("DEAD", (envelope.attempt, error, envelope.id, envelope.lease), envelope)
+
+    def wake(self, count: int) -> None:
+        for _ in range(count):
+            self._ready.put(_WAKE)
+
+    def _fenced(self, query: str, params: tuple[Any, ...], envelope: Envelope, deadline: float | None = None) -> None:
+        def execute(cursor: Any) -> int:
+            cursor.execute(self._sql[query], params)
+            return int(cursor.rowcount)
+
+        extra = {"job_name": envelope.name, "job_id": envelope.id}
+        try:
+            # Retried through an outage for as long as the lease lasts; past
+            # it the row may be another worker's, so there is no point.
+            changed = self.run(execute, deadline=self.lease if deadline is None else deadline)
+        except Exception:
+            logger.exception(
+                "job %s (%s): its outcome could not be written; the lease will expire and the job run again",
+                envelope.name,
+                envelope.id,
+                extra=extra,
+            )
+            return
+        if changed == 0:
+            logger.warning(
+                "job %s (%s): its lease was lost (it ran too long or this worker stalled); "
+                "the row belongs to another worker now and is left to it",
+                envelope.name,
+                envelope.id,
+                extra=extra,
+            )
+        with self._finished:
+            self._finished.notify_all()
+
+    # -- counting and waiting ------------------------------------------------
+
+    def pending(self) -> int:
+        def count(cursor: Any) -> int:
+            cursor.execute(self._sql["PENDING"], (self.queue,))
+            return int(cursor.fetchone()[0])
+
+        try:
+            return self.run(count, deadline=self.dispatch_timeout)
+        except Exception as exc:
+            if self.connector.is_connection_error(exc):
+                raise DatabaseUnavailable(f"the {self.dialect.name} database is unavailable: {exc}") from exc
+            raise
+
+    def wait_empty(self, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self.pending() == 0:
+                return True
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return False
+            # Woken early by this process's own outcomes; other processes'
+            # are seen at the next look.
+            with self._finished:
+                self._finished.wait(min(0.05, remaining) if remaining is not None else 0.05)
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def open(self) -> None:
+        self._closed.clear()
+        self._threads = [
+            threading.Thread(target=self._fetch_loop, name="syncjobs-fetcher", daemon=True),
+            threading.Thread(target=self._heartbeat_loop, name="syncjobs-heartbeat", daemon=True),
+        ]
+        if self.dialect is POSTGRES:
+            self._threads.append(threading.Thread(target=self._listen_loop, name="syncjobs-listener", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._kick.set()
+        with self._want:
+            self._want.notify_all()
+        for thread in self._threads:
+            # The listener leaves within poll_interval on its own (it is a
+            # daemon, blocked in the driver); shutdown does not wait for it.
+            if thread.name != "syncjobs-listener":
+                thread.join(timeout=10.0)
+        self._threads = []
+        # Claimed for a worker that never took them: back to the queue, no run spent.
+        while True:
+            try:
+                item = self._ready.get_nowait()
+            except stdqueue.Empty:
+                break
+            if isinstance(item, Envelope):
+                self._fenced("PARK", (item.attempt, 0.0, item.id, item.lease), item, deadline=5.0)
+        with self._want:
+            self._buffered = 0
+        self._close_connections()
+
+    def _close_connections(self) -> None:
+        with self._connections_lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            try:
+                conn.close()
+            except Exception:
+                logger.debug("closing a connection failed", exc_info=True)
+        self._local = threading.local()
+
+    # -- the fetcher ------------------------------------------------------------
+
+    def _fetch_loop(self) -> None:
+        next_recovery = 0.0
+        while not self._closed.is_set():
+            with self._want:
+                while not self._closed.is_set() and self._waiting - self._buffered <= 0:
+                    self._want.wait()
+                want = self._waiting - self._buffered
+            if self._closed.is_set():
+                return
+            try:
+                if time.monotonic() >= next_recovery:
+                    self._recover_expired()
+                    next_recovery = time.monotonic() + min(self.lease / 2, 5.0)
+                claimed = self._claim_batch(want)
+            except Exception:
+                logger.exception("claiming jobs from the %s database failed; trying again", self.dialect.name)
+                self._closed.wait(self.poll_interval)
+                continue
+            if claimed:
+                with self._want:
+                    self._buffered += len(claimed)
+                for envelope in claimed:
+                    self._ready.put(envelope)
+                continue
+            self._kick.wait(self._idle_wait())
+            self._kick.clear()
+
+    def _idle_wait(self) -> float:
+        """Until the next parked row is due, at most ``poll_interval``."""
+
+        def next_due(cursor: Any) -> float | None:
+            cursor.execute(self._sql["NEXT_DUE"], (self.queue,))
+            row = cursor.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+        try:
+            due = self.run(next_due, deadline=self.poll_interval)
+        except Exception:  # noqa: BLE001 - only a hint; the poll interval bounds the wait anyway
+            return self.poll_interval
+        return self.poll_interval if due is None else max(0.0, min(due, self.poll_interval))
+
+    def _claim_batch(self, want: int) -> list[Envelope]:
+        token = str(uuid.uuid4())
+
+        def claim(cursor: Any) -> list[tuple[Any, ...]]:
+            cursor.execute(self._sql["SELECT_READY"], (self.queue, want))
+            rows = list(cursor.fetchall())
+            if rows:
+                marks = ", ".join([self.dialect.placeholder] * len(rows))
+                cursor.execute(
+                    self._sql["MARK_CLAIMED"].replace("{ids}", marks),
+                    (self.owner, token, self.lease, *(row[0] for row in rows)),
+                )
+            return rows
+
+        rows = self.transaction(claim)
+        return [self._envelope(row, token) for row in rows]
+
+    def _envelope(self, row: Sequence[Any], token: str | None) -> Envelope:
+        job_id, name, payload, context, attempt, max_attempts = row
+        return Envelope(
+            str(job_id),
+            str(name),
+            str(payload),
+            int(max_attempts),
+            int(attempt),
+            self._context(context, str(job_id)),
+            lease=token,
+        )
+
+    def _context(self, carried: str | None, job_id: str) -> contextvars.Context:
+        context = contextvars.Context()
+        if not carried:
+            return context
+        try:
+            values = json.loads(carried)
+        except ValueError:
+            logger.warning("job %s: its carried context is not JSON; running with the defaults", job_id)
+            return context
+        for name, value in values.items() if isinstance(values, dict) else ():
+            var = self.carry.get(name)
+            if var is not None:
+                context.run(var.set, value)
+        return context
+
+    def _recover_expired(self) -> None:
+        """Rows whose worker died: back to the queue with that run spent, or dead if it was the last."""
+
+        def recover(cursor: Any) -> list[tuple[Envelope, str | None]]:
+            cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))
+            outcomes: list[tuple[Envelope, str | None]] = []
+            for row in cursor.fetchall():
+                envelope = self._envelope(row, None)
+                envelope.attempt += 1
+                if envelope.attempt >= envelope.max_attempts:
+                    error = (
+                        f"lease expired on its last attempt ({envelope.attempt} of {envelope.max_attempts}): "
+                        "its worker died or stalled"
+                    )
+                    cursor.execute(self._sql["DEAD_EXPIRED"], (envelope.attempt, error, envelope.id))
+                    outcomes.append((envelope, error))
+                else:
+                    cursor.execute(self._sql["REQUEUE_EXPIRED"], (envelope.attempt, envelope.id))
+                    outcomes.append((envelope, None))
+            return outcomes
+
+        for envelope, error in self.transaction(recover):
+            if error is None:
+                logger.warning(
+                    "job %s (%s): lease expired, claimed again (run %d of %d spent)",
+                    envelope.name,
+                    envelope.id,
+                    envelope.attempt,
+                    envelope.max_attempts,
+                    extra={"job_name": envelope.name, "job_id": envelope.id},
+                )
+            else:
+                self.on_expired_dead(envelope, error)
+
+    # -- heartbeat and notifications ------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        interval = self.lease / 3
+
+        def renew(cursor: Any) -> None:
+            cursor.execute(self._sql["RENEW"], (self.lease, self.owner))
+
+        while not self._closed.wait(interval):
+            try:
+                self.run(renew, deadline=interval)
+            except Exception:
+                logger.exception("renewing the leases of worker %s failed; trying again", self.owner)
+
+    def _listen_loop(self) -> None:
+        """PostgreSQL: LISTEN on the queue's channel and kick the fetcher on each NOTIFY."""
+        while not self._closed.is_set():
+            try:
+                conn = self.connector.connect()
+            except Exception:
+                logger.debug("the notification connection could not be opened", exc_info=True)
+                self._closed.wait(self.poll_interval)
+                continue
+            try:
+                conn.execute(f'LISTEN "{self.channel}"')
+                while not self._closed.is_set():
+                    for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
+                        self._kick.set()
+            except Exception:
+                logger.info("the notification connection dropped; re-opening it", exc_info=True)
+                self._closed.wait(min(self.poll_interval, 1.0))
+            finally:
+                try:
+                    conn.close()
+                except Exception:
+                    logger.debug("closing the notification connection failed", exc_info=True)
+
+    # -- dead letters --------------------------------------------------------
+
+    def new_id(self) -> str:
+        return new_job_id()
