@@ -1,0 +1,396 @@
+"""What only the database backend promises: transactions, rows, processes, leases."""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import importlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import syncjobs
+from syncjobs.database.dialects import SQLITE, Connector
+from tests.conftest import JOB_CLASSES, TEST_TABLE, _reachable
+from tests.dbworker import Ledger, LedgerJob, dispatch_ledger_jobs
+from tests.helpers import WAIT, Probe, ProbeJob, wait_until
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATABASES = ["sqlite", "postgresql", "mysql"]
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request: pytest.FixtureRequest, database_urls: dict[str, str]) -> str:
+    return _reachable(request.param, database_urls[request.param])
+
+
+@pytest.fixture
+def queues(db_url: str) -> Iterator[list[syncjobs.DatabaseJobQueue]]:
+    made: list[syncjobs.DatabaseJobQueue] = []
+    yield made
+    for queue in made:
+        queue.shutdown(grace=0)
+
+
+def make(db_url: str, made: list[syncjobs.DatabaseJobQueue], **options: Any) -> syncjobs.DatabaseJobQueue:
+    options.setdefault("queue", f"q-{uuid.uuid4().hex[:12]}")
+    options.setdefault("poll_interval", 0.2)
+    queue = syncjobs.DatabaseJobQueue(db_url, table=TEST_TABLE, **options)
+    for job_cls in (*JOB_CLASSES, LedgerJob):
+        queue.register(job_cls)
+    made.append(queue)
+    return queue
+
+
+def user_connection(url: str) -> Any:
+    """A connection as the app would open it: the driver's defaults, a transaction per unit of work."""
+    connector = Connector(url)
+    if connector.dialect is SQLITE:
+        return sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30)
+    conn = connector.connect()
+    if hasattr(conn, "autocommit") and not callable(conn.autocommit):
+        conn.autocommit = False  # psycopg
+    else:
+        conn.autocommit(False)  # PyMySQL
+    return conn
+
+
+def execute(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    conn = Connector(url).connect()
+    try:
+        cursor = conn.cursor()
+        cursor.execute(sql.replace("?", Connector(url).dialect.placeholder), params)
+        rows = list(cursor.fetchall()) if cursor.description else []
+        cursor.close()
+        return rows
+    finally:
+        conn.close()
+
+
+# -- transactional enqueue ---------------------------------------------------
+
+
+@pytest.mark.parametrize("commit", [False, True])
+def test_dispatch_joins_the_callers_transaction(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], commit: bool
+) -> None:
+    queue = make(db_url, queues)
+    queue.install_schema()
+    execute(db_url, "CREATE TABLE IF NOT EXISTS syncjobs_test_orders (id VARCHAR(40))")
+    order = uuid.uuid4().hex
+    probe = Probe()
+    conn = user_connection(db_url)
+    try:
+        cursor = conn.cursor()
+        mark = Connector(db_url).dialect.placeholder
+        cursor.execute(f"INSERT INTO syncjobs_test_orders (id) VALUES ({mark})", (order,))
+        queue.dispatch(ProbeJob(probe.id), connection=conn)
+        cursor.close()
+        conn.commit() if commit else conn.rollback()
+    finally:
+        conn.close()
+    orders = execute(db_url, "SELECT id FROM syncjobs_test_orders WHERE id = ?", (order,))
+    assert len(orders) == (1 if commit else 0)
+    assert queue.pending_count() == (1 if commit else 0)
+    with queue:
+        assert queue.join(WAIT)
+    assert len(probe.runs) == (1 if commit else 0)
+
+
+def test_dispatch_many_is_all_or_nothing(db_url: str, queues: list[syncjobs.DatabaseJobQueue]) -> None:
+    @dataclasses.dataclass
+    class Loose(syncjobs.Job):
+        NAME = "tests.loose"
+        value: object = None
+
+    queue = make(db_url, queues)
+    queue.register(Loose)
+    with pytest.raises(syncjobs.QueueError, match=r"'tests\.loose'.*field 'value' is a set"):
+        queue.dispatch_many([Loose(1), Loose({1}), Loose(3)])
+    assert queue.pending_count() == 0
+    ids = queue.dispatch_many([Loose(n) for n in range(50)])
+    assert len(set(ids)) == 50
+    assert queue.pending_count() == 50
+
+
+# -- rows that cannot run, and the dead-letter rows ------------------------------
+
+
+def test_malformed_rows_become_dead_letters_and_the_worker_goes_on(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue]
+) -> None:
+    queue = make(db_url, queues, workers=2)
+    queue.install_schema()
+    bad = (
+        [("tests.probe", "{not json")] * 70
+        + [("tests.nobody_registered_this", '{"probe": "x"}')] * 70
+        + [("tests.probe", '{"probe": "x", "no_such_field": 1}')] * 60
+    )
+    insert = (
+        f"INSERT INTO {TEST_TABLE} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at) "
+        "VALUES (?, ?, ?, ?, 'queued', 0, 5, 0, 0)"
+    )
+    for name, payload in bad:
+        execute(db_url, insert, (str(uuid.uuid4()), queue.queue_name, name, payload))
+    good = Probe()
+    queue.dispatch(ProbeJob(good.id))
+    with queue:
+        assert queue.join(WAIT * 3)
+    assert len(good.runs) == 1
+    letters = queue.dead_letters(limit=500)
+    reasons = Counter(d.error.split(":")[0] + ":" + d.error.split(":")[1][:30] for d in letters)
+    assert len(letters) == 200, reasons
+    assert sum("payload does not fit" in d.error and "JSONDecodeError" in d.error for d in letters) == 70
+    assert sum("no job class is registered as 'tests.nobody_registered_this'" in d.error for d in letters) == 70
+    assert sum("unexpected keyword argument 'no_such_field'" in d.error for d in letters) == 60
+    assert all(d.attempts == 0 for d in letters)
+
+
+def test_dead_letters_stay_as_rows_to_inspect_retry_and_purge(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue]
+) -> None:
+    queue = make(db_url, queues)
+    probe = Probe("fatal")
+    with queue:
+        first = queue.dispatch(ProbeJob(probe.id, label=1))
+        second = queue.dispatch(ProbeJob(probe.id, label=2))
+        assert queue.join(WAIT)
+        letters = queue.dead_letters()
+        assert {(d.job_id, d.attempts, d.error) for d in letters} == {
+            (first, 1, "fatal: nope"),
+            (second, 1, "fatal: nope"),
+        }
+        assert {d.payload["label"] for d in letters} == {1, 2}
+        probe.actions = ["ok"]
+        assert queue.retry_dead(first) is True
+        assert queue.retry_dead(first) is False  # no longer dead
+        assert queue.retry_dead("no-such-id") is False
+        assert queue.join(WAIT)
+    assert [r["label"] for r in probe.runs] == [1, 2, 1] or sorted(r["label"] for r in probe.runs) == [1, 1, 2]
+    assert [d.job_id for d in queue.dead_letters()] == [second]
+    assert queue.purge_dead(older_than=3600) == 0
+    assert queue.purge_dead() == 1
+    assert queue.dead_letters() == []
+
+
+# -- context carried between processes ------------------------------------------
+
+tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="no-tenant")
+locale: contextvars.ContextVar[str] = contextvars.ContextVar("locale", default="en")
+
+
+def test_only_the_carried_variables_travel(db_url: str, queues: list[syncjobs.DatabaseJobQueue]) -> None:
+    seen: list[tuple[str, str]] = []
+
+    @dataclasses.dataclass
+    class Where(syncjobs.Job):
+        NAME = "tests.where"
+
+        def run(self) -> None:
+            seen.append((tenant.get(), locale.get()))
+
+    queue = make(db_url, queues, carry=[tenant])
+    queue.register(Where)
+    tenant_token, locale_token = tenant.set("acme"), locale.set("fr")
+    try:
+        queue.dispatch(Where())
+    finally:
+        tenant.reset(tenant_token)
+        locale.reset(locale_token)
+    with queue:
+        assert queue.join(WAIT)
+    assert seen == [("acme", "en")]
+
+
+def test_a_carried_value_that_is_not_json_is_refused(db_url: str, queues: list[syncjobs.DatabaseJobQueue]) -> None:
+    queue = make(db_url, queues, carry=[tenant])
+    token = tenant.set(object())  # type: ignore[arg-type]
+    try:
+        with pytest.raises(syncjobs.QueueError, match="carried context variables must be JSON-serializable"):
+            queue.dispatch(ProbeJob(Probe().id))
+    finally:
+        tenant.reset(token)
+    assert queue.pending_count() == 0
+
+
+# -- schema, names, drivers ------------------------------------------------------------
+
+
+def test_install_schema_is_idempotent_and_versioned(db_url: str, queues: list[syncjobs.DatabaseJobQueue]) -> None:
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    queue = syncjobs.DatabaseJobQueue(db_url, table=table)
+    queues.append(queue)
+    try:
+        queue.install_schema()
+        queue.install_schema()
+        assert execute(db_url, f"SELECT version FROM {table}_schema") == [(1,)]
+        assert queue.pending_count() == 0
+    finally:
+        execute(db_url, f"DROP TABLE IF EXISTS {table}")
+        execute(db_url, f"DROP TABLE IF EXISTS {table}_schema")
+
+
+@pytest.mark.parametrize("table", ["jobs; DROP TABLE x", "1jobs", "", "a" * 64, "jobs-table"])
+def test_a_table_name_that_is_not_an_identifier_is_refused(table: str) -> None:
+    with pytest.raises(syncjobs.QueueError, match=r"table .* is not a valid name"):
+        syncjobs.DatabaseJobQueue("sqlite:///unused.db", table=table)
+
+
+def test_a_queue_name_is_checked_and_only_ever_bound() -> None:
+    with pytest.raises(syncjobs.QueueError, match="queue name '' must be 1 to 100 printable characters"):
+        syncjobs.DatabaseJobQueue("sqlite:///unused.db", queue="")
+
+
+def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.import_module
+
+    def without_drivers(name: str, *args: Any) -> Any:
+        if name in ("psycopg", "pymysql"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_drivers)
+    with pytest.raises(syncjobs.QueueError, match=r"pip install 'syncjobs\[postgres\]'"):
+        syncjobs.DatabaseJobQueue("postgresql://db/app")
+    with pytest.raises(syncjobs.QueueError, match=r"pip install 'syncjobs\[mysql\]'"):
+        syncjobs.DatabaseJobQueue("mysql://db/app")
+
+
+def test_settings_and_connect_pick_the_backend(database_urls: dict[str, str]) -> None:
+    url = database_urls["sqlite"]
+    assert isinstance(syncjobs.from_settings({"backend": "sqlite", "url": url}), syncjobs.DatabaseJobQueue)
+    assert isinstance(syncjobs.connect(url, workers=1), syncjobs.DatabaseJobQueue)
+    assert syncjobs.PgJobQueue is syncjobs.DatabaseJobQueue
+    with pytest.raises(syncjobs.QueueError, match="the sqlite backend needs a 'url'"):
+        syncjobs.from_settings({"backend": "sqlite"})
+    with pytest.raises(syncjobs.QueueError, match="url 'mysql://x/y' is for another database"):
+        syncjobs.from_settings({"backend": "postgresql", "url": "mysql://x/y"})
+
+
+# -- many processes ----------------------------------------------------------------------
+
+
+class Workers:
+    """Worker processes (tests/dbworker.py) on one queue; stopped at the end, killed if need be."""
+
+    def __init__(self, url: str, queue: str, **options: Any) -> None:
+        self.url, self.queue, self.options = url, queue, options
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def spawn(self) -> subprocess.Popen[str]:
+        args = [sys.executable, "-m", "tests.dbworker", self.url, self.queue, "--table", TEST_TABLE]
+        for key, value in self.options.items():
+            args += [f"--{key}", str(value)]
+        proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until the worker takes work (pytest-timeout bounds it)
+        assert line == "ready\n", (line, proc.stderr.read() if proc.stderr and proc.poll() is not None else "")
+        self.procs.append(proc)
+        return proc
+
+    def stop(self) -> list[str]:
+        """SIGTERM every live worker; their stderr (logs) once they exit."""
+        errors = []
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                _, err = proc.communicate(timeout=WAIT * 2)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            errors.append(err)
+        return errors
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Ledger:
+    ledger = Ledger(db_url)
+    ledger.create()
+    return ledger
+
+
+def test_four_processes_share_two_thousand_jobs_each_run_once(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
+) -> None:
+    queue = make(db_url, queues, workers=0)
+    name = queue.queue_name
+    queue.install_schema()
+    workers = Workers(db_url, name, workers=2)
+    try:
+        for _ in range(4):
+            workers.spawn()
+        dispatch_ledger_jobs(queue, name, 2000)
+        assert queue.join(120)
+    finally:
+        logs = workers.stop()
+    runs = ledger.runs(name)
+    assert Counter(n for n, _, _ in runs) == Counter(range(2000))
+    assert len({pid for _, _, pid in runs}) > 1
+    assert not [line for log in logs for line in log.splitlines() if "ERROR" in line or "locked" in line]
+
+
+def test_a_killed_workers_job_runs_again_once_its_lease_expires(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
+) -> None:
+    queue = make(db_url, queues, workers=0)
+    name = queue.queue_name
+    queue.install_schema()
+    first = Workers(db_url, name, workers=1, lease=1.0)
+    second = Workers(db_url, name, workers=1, lease=1.0)
+    try:
+        victim = first.spawn()
+        dispatch_ledger_jobs(queue, name, 1, seconds=60.0)
+        wait_until(lambda: len(ledger.runs(name)) == 1, what="the job to start in the first process")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(WAIT)
+        survivor = second.spawn()
+        assert queue.join(WAIT * 3)
+    finally:
+        first.stop()
+        second.stop()
+    assert ledger.runs(name) == [(0, 0, victim.pid), (0, 1, survivor.pid)]
+
+
+def test_a_stale_worker_cannot_finish_a_row_it_lost(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
+) -> None:
+    queue = make(db_url, queues, workers=0)
+    name = queue.queue_name
+    queue.install_schema()
+    stale_side = Workers(db_url, name, workers=1, lease=1.0)
+    other_side = Workers(db_url, name, workers=1, lease=1.0)
+    try:
+        stale = stale_side.spawn()
+        # Run 0 works for 3 s, then succeeds; any later run fails for good.
+        (job_id,) = dispatch_ledger_jobs(queue, name, 1, seconds=3.0, fatal_on_retry=True)
+        wait_until(lambda: len(ledger.runs(name)) == 1, what="the first run to start")
+        stale.send_signal(signal.SIGSTOP)  # frozen past its lease: no heartbeat
+        other = other_side.spawn()
+        wait_until(lambda: [d.job_id for d in queue.dead_letters()] == [job_id], what="the re-claimed run to fail")
+        stale.send_signal(signal.SIGCONT)  # its run 0 now finishes "successfully"
+        logs = stale_side.stop()
+    finally:
+        stale_side.stop()
+        other_side.stop()
+    assert ledger.runs(name) == [(0, 0, stale.pid), (0, 1, other.pid)]
+    # The stale success did not delete the row the other worker dead-lettered.
+    assert [(d.job_id, d.error) for d in queue.dead_letters()] == [(job_id, "fatal: second run")]
+    assert "its lease was lost" in logs[0]
