@@ -393,4 +393,4 @@ def test_a_stale_worker_cannot_finish_a_row_it_lost(
     assert ledger.runs(name) == [(0, 0, stale.pid), (0, 1, other.pid)]
     # The stale success did not delete the row the other worker dead-lettered.
     assert [(d.job_id, d.error) for d in queue.dead_letters()] == [(job_id, "fatal: second run")]
-    assert "its lease was lost" in logs[0]
+    assert "had lost their lease" in logs[0]

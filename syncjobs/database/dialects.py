@@ -46,6 +46,8 @@ class Dialect:
     #: The DB-API driver's module name and the extra that installs it.
     driver: str
     extra: str | None
+    #: UPDATE … RETURNING: a claim in one statement.
+    returning: bool = False
     connect_options: dict[str, Any] = field(default_factory=dict)
 
     def sql(self, template: str, table: str) -> str:
@@ -71,6 +73,7 @@ SQLITE = Dialect(
     real="REAL",
     driver="sqlite3",
     extra=None,
+    returning=True,
 )
 
 POSTGRES = Dialect(
@@ -83,6 +86,7 @@ POSTGRES = Dialect(
     real="DOUBLE PRECISION",
     driver="psycopg",
     extra="postgres",
+    returning=True,
 )
 
 MYSQL = Dialect(

@@ -22,6 +22,16 @@ MARK_CLAIMED = (
     "WHERE id IN ({ids})"
 )
 
+# One round trip where the database has UPDATE … RETURNING (PostgreSQL,
+# SQLite): the subquery's row locks (FOR UPDATE SKIP LOCKED on PostgreSQL)
+# keep two claimers off the same rows; SQLite takes its write lock anyway.
+CLAIM_RETURNING = (
+    "UPDATE {table} SET state = 'running', lease_owner = ?, lease_token = ?, lease_expires = {now} + ? "
+    "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now} "
+    "ORDER BY run_at LIMIT ?{lock}) "
+    f"RETURNING {COLUMNS}"
+)
+
 SELECT_EXPIRED = (
     f"SELECT {COLUMNS} FROM {{table}} WHERE queue = ? AND state = 'running' AND lease_expires < {{now}} LIMIT ?{{lock}}"
 )
@@ -40,7 +50,7 @@ RENEW = "UPDATE {table} SET lease_expires = {now} + ? WHERE lease_owner = ? AND 
 
 # Every state change below is fenced on the lease token: a worker that lost
 # its lease changes nothing.
-COMPLETE = "DELETE FROM {table} WHERE id = ? AND lease_token = ?"
+COMPLETE_MANY = "DELETE FROM {table} WHERE lease_token = ? AND id IN ({ids})"
 
 PARK = (
     "UPDATE {table} SET state = 'queued', attempt = ?, run_at = {now} + ?, "

@@ -43,9 +43,12 @@ class DatabaseJobQueue(StoreQueue):
         carry: Iterable[contextvars.ContextVar[Any]] = (),
         auto_schema: bool = True,
         dispatch_timeout: float = 5.0,
+        prefetch: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_identifier(table, "table")
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         if not isinstance(queue, str) or not 0 < len(queue) <= 100 or not queue.isprintable():
             raise QueueError(f"queue name {queue!r} must be 1 to 100 printable characters")
         for value, what in ((lease, "lease"), (poll_interval, "poll_interval"), (dispatch_timeout, "dispatch_timeout")):
@@ -64,6 +67,9 @@ class DatabaseJobQueue(StoreQueue):
             poll_interval=float(poll_interval),
             carry=list(carry),
             dispatch_timeout=float(dispatch_timeout),
+            # One batch ahead of the workers by default, as Celery and Dramatiq
+            # prefetch: a claim's round trip overlaps the runs. 0 for long jobs.
+            prefetch=workers if prefetch is None else prefetch,
             clock=clock,
         )
         super().__init__(self._db, workers=workers, shutdown_grace=shutdown_grace, clock=clock)

@@ -54,6 +54,7 @@ class DatabaseStore:
         poll_interval: float,
         carry: Sequence[contextvars.ContextVar[Any]],
         dispatch_timeout: float,
+        prefetch: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.connector = connector
@@ -64,6 +65,8 @@ class DatabaseStore:
         self.poll_interval = poll_interval
         self.carry = {var.name: var for var in carry}
         self.dispatch_timeout = dispatch_timeout
+        #: Rows claimed ahead of the workers that wait for them.
+        self.prefetch = prefetch
         self._clock = clock
         # Unique per process start (and per store): leases name their owner.
         self.owner = f"{uuid.uuid4().hex[:12]}"
@@ -81,6 +84,8 @@ class DatabaseStore:
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
         self._finished = threading.Condition()
+        self._completions: list[Envelope] = []
+        self._completions_cond = threading.Condition()
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
         self.on_expired_dead: Callable[[Envelope, str], None] = lambda envelope, error: None
 
@@ -90,6 +95,11 @@ class DatabaseStore:
         conn = getattr(self._local, "conn", None)
         if conn is None:
             conn = self.connector.connect()
+            if getattr(self._local, "relaxed", False) and self.dialect is POSTGRES:
+                # Claims and completions only: if the server crashes before
+                # these commits reach disk, the jobs run again (at-least-once),
+                # and commits stop waiting for fsync. Dispatch stays durable.
+                conn.execute("SET synchronous_commit TO off")
             self._local.conn = conn
             with self._connections_lock:
                 self._connections.append(conn)
@@ -121,7 +131,7 @@ class DatabaseStore:
     def _before_retry(self, state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
         if self.dialect is not SQLITE or state.attempt_number > 3:
-            logger.warning("database %s unavailable (%s); retrying", self.dialect.name, exc)
+            logger.warning("the %s database did not answer (%s); retrying", self.dialect.name, exc)
         if self.dialect is not SQLITE:
             self._drop_connection()
 
@@ -237,7 +247,11 @@ class DatabaseStore:
         return None if isinstance(item, _Wake) else item
 
     def complete(self, envelope: Envelope) -> None:
-        self._fenced("COMPLETE", (envelope.id, envelope.lease), envelope)
+        # Deleted in batches by the completer thread: one commit for many jobs.
+        # A crash before the flush means the job runs again, as at-least-once allows.
+        with self._completions_cond:
+            self._completions.append(envelope)
+            self._completions_cond.notify()
 
     def park(self, envelope: Envelope, due: float) -> None:
         delay = max(0.0, due - self._clock())
@@ -315,6 +329,7 @@ class DatabaseStore:
         self._closed.clear()
         self._threads = [
             threading.Thread(target=self._fetch_loop, name="syncjobs-fetcher", daemon=True),
+            threading.Thread(target=self._complete_loop, name="syncjobs-completer", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="syncjobs-heartbeat", daemon=True),
         ]
         if self.dialect is POSTGRES:
@@ -327,6 +342,8 @@ class DatabaseStore:
         self._kick.set()
         with self._want:
             self._want.notify_all()
+        with self._completions_cond:
+            self._completions_cond.notify_all()
         for thread in self._threads:
             # The listener leaves within poll_interval on its own (it is a
             # daemon, blocked in the driver); shutdown does not wait for it.
@@ -355,15 +372,62 @@ class DatabaseStore:
                 logger.debug("closing a connection failed", exc_info=True)
         self._local = threading.local()
 
+    # -- the completer ------------------------------------------------------------
+
+    def _complete_loop(self) -> None:
+        self._local.relaxed = True
+        while True:
+            with self._completions_cond:
+                while not self._completions and not self._closed.is_set():
+                    self._completions_cond.wait()
+                batch, self._completions = self._completions, []
+            if batch:
+                self._delete_completed(batch)
+            elif self._closed.is_set():
+                return
+
+    def _delete_completed(self, batch: list[Envelope]) -> None:
+        by_lease: dict[str | None, list[str]] = {}
+        for envelope in batch:
+            by_lease.setdefault(envelope.lease, []).append(envelope.id)
+
+        def delete(cursor: Any) -> int:
+            deleted = 0
+            for lease, ids in by_lease.items():
+                for start in range(0, len(ids), 500):
+                    chunk = ids[start : start + 500]
+                    marks = ", ".join([self.dialect.placeholder] * len(chunk))
+                    cursor.execute(self._sql["COMPLETE_MANY"].replace("{ids}", marks), (lease, *chunk))
+                    deleted += int(cursor.rowcount)
+            return deleted
+
+        try:
+            deleted = self.transaction(delete, deadline=self.lease)
+        except Exception:
+            logger.exception(
+                "%d finished job(s) could not be deleted; their leases will expire and they run again", len(batch)
+            )
+            deleted = len(batch)
+        if deleted < len(batch):
+            logger.warning(
+                "%d of %d finished job(s) had lost their lease (they ran too long or this worker stalled); "
+                "their rows belong to another worker now and are left to it",
+                len(batch) - deleted,
+                len(batch),
+            )
+        with self._finished:
+            self._finished.notify_all()
+
     # -- the fetcher ------------------------------------------------------------
 
     def _fetch_loop(self) -> None:
+        self._local.relaxed = True
         next_recovery = 0.0
         while not self._closed.is_set():
             with self._want:
-                while not self._closed.is_set() and self._waiting - self._buffered <= 0:
+                while not self._closed.is_set() and self._waiting + self.prefetch - self._buffered <= 0:
                     self._want.wait()
-                want = self._waiting - self._buffered
+                want = self._waiting + self.prefetch - self._buffered
             if self._closed.is_set():
                 return
             try:
@@ -412,7 +476,11 @@ class DatabaseStore:
                 )
             return rows
 
-        rows = self.transaction(claim)
+        def claim_returning(cursor: Any) -> list[tuple[Any, ...]]:
+            cursor.execute(self._sql["CLAIM_RETURNING"], (self.owner, token, self.lease, self.queue, want))
+            return list(cursor.fetchall())
+
+        rows = self.run(claim_returning) if self.dialect.returning else self.transaction(claim)
         return [self._envelope(row, token) for row in rows]
 
     def _envelope(self, row: Sequence[Any], token: str | None) -> Envelope:
