@@ -6,10 +6,14 @@ import contextvars
 import dataclasses
 import importlib
 import os
+import random
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -394,3 +398,109 @@ def test_a_stale_worker_cannot_finish_a_row_it_lost(
     # The stale success did not delete the row the other worker dead-lettered.
     assert [(d.job_id, d.error) for d in queue.dead_letters()] == [(job_id, "fatal: second run")]
     assert "had lost their lease" in logs[0]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_sqlite_four_processes_of_two_threads_never_report_a_lock(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
+) -> None:
+    queue = make(db_url, queues, workers=0)
+    name = queue.queue_name
+    queue.install_schema()
+    workers = Workers(db_url, name, workers=2)
+    try:
+        for _ in range(4):
+            workers.spawn()
+        for start in range(0, 5000, 500):  # dispatched while the workers claim
+            queue.dispatch_many([LedgerJob(name, n) for n in range(start, start + 500)])
+        assert queue.join(180)
+    finally:
+        logs = workers.stop()
+    assert Counter(n for n, _, _ in ledger.runs(name)) == Counter(range(5000))
+    reported = [line for log in logs for line in log.splitlines() if "locked" in line.lower() or "ERROR" in line]
+    assert reported == []
+
+
+def test_chaos_killing_workers_loses_nothing_and_reruns_only_what_they_ran(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
+) -> None:
+    queue = make(db_url, queues, workers=0)
+    name = queue.queue_name
+    queue.install_schema()
+    workers = Workers(db_url, name, workers=2, lease=1.0)
+    rng = random.Random(1234)
+    killed: set[int] = set()
+    try:
+        live = [workers.spawn() for _ in range(4)]
+        dispatch_ledger_jobs(queue, name, 5000, seconds=0.03)
+        chaos_ends = time.monotonic() + 20
+        while time.monotonic() < chaos_ends and queue.pending_count():
+            pause = threading.Event()
+            pause.wait(2.0)  # the chaos schedule: one kill every 2 s
+            victim = live.pop(rng.randrange(len(live)))
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(WAIT)
+            killed.add(victim.pid)
+            live.append(workers.spawn())
+        assert queue.join(180)
+    finally:
+        workers.stop()
+    runs = ledger.runs(name)
+    by_job: dict[int, list[tuple[int, int]]] = {}
+    for n, attempt, pid in runs:
+        by_job.setdefault(n, []).append((attempt, pid))
+    assert sorted(by_job) == list(range(5000))
+    assert killed, "the chaos run killed nobody"
+    for n, job_runs in by_job.items():
+        # Every run but the last was cut short by a kill.
+        assert all(pid in killed for _, pid in job_runs[:-1]), (n, job_runs, killed)
+    assert queue.dead_letters() == []
+
+
+def _pg_ctl(action: str) -> None:
+    version = os.listdir("/etc/postgresql")[0]
+    subprocess.run(
+        [
+            shutil.which("pg_ctlcluster") or "/usr/bin/pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            version,
+            "main",
+            action,
+        ],
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_workers_ride_out_a_database_restart(db_url: str, queues: list[syncjobs.DatabaseJobQueue]) -> None:
+    if not os.path.isdir("/etc/postgresql") or os.geteuid() != 0:
+        pytest.skip("restarting PostgreSQL needs pg_ctlcluster and root, as on the CI machine")
+    queue = make(db_url, queues, workers=2, dispatch_timeout=1.0)
+    probe = Probe()
+    with queue:
+        for label in range(200):
+            queue.dispatch(ProbeJob(probe.id, label))
+        probe.wait_finished(20)
+        _pg_ctl("stop")
+        try:
+            began = time.monotonic()
+            with pytest.raises(syncjobs.DatabaseUnavailable, match=r"'tests\.probe': the postgresql database"):
+                queue.dispatch(ProbeJob(probe.id, 999))
+            assert time.monotonic() - began < 5.0
+        finally:
+            _pg_ctl("start")
+        wait_until(lambda: _answers(db_url), timeout=60, what="PostgreSQL to come back")
+        queue.dispatch(ProbeJob(probe.id, 200))
+        assert queue.join(60)
+    # The worker threads were never restarted; every job ran, at least once.
+    assert set(r["label"] for r in probe.runs) == set(range(201))
+
+
+def _answers(url: str) -> bool:
+    try:
+        execute(url, "SELECT 1")
+    except Exception:  # noqa: BLE001 - any failure means not yet
+        return False
+    return True
