@@ -80,6 +80,7 @@ class ProbeJob(syncjobs.Job):
             "label": self.label,
             "request_id": request_id.get(),
             "info": info,
+            "at": time.monotonic(),
         }
         with probe.cond:
             probe.runs.append(record)

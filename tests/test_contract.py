@@ -1034,3 +1034,14 @@ def test_from_payload_and_retry_wait_run_in_the_dispatch_context(make_queue: Que
     finally:
         request_id.reset(token)
     assert seen == [("from_payload", "req-ctx"), ("retry_wait", "req-ctx"), ("from_payload", "req-ctx")]
+
+
+def test_a_retry_waits_at_least_its_backoff_by_the_real_clock(make_queue: QueueFactory) -> None:
+    # Every backend, whatever its clock: a lower bound cannot be flaky.
+    queue = make_queue(workers=1)
+    probe = Probe("retryable", "ok", wait=0.3)
+    with queue:
+        queue.dispatch(ProbeJob(probe.id))
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1]
+    assert probe.runs[1]["at"] - probe.runs[0]["at"] >= 0.3 - 0.01

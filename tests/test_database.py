@@ -185,6 +185,43 @@ def test_dead_letters_stay_as_rows_to_inspect_retry_and_purge(
     assert queue.dead_letters() == []
 
 
+def test_a_parked_retry_keeps_its_due_time_across_shutdown_and_restart(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue]
+) -> None:
+    queue = make(db_url, queues, workers=1)
+    probe = Probe("retryable", "ok", wait=60.0)
+
+    def due_in() -> float:
+        rows = execute(
+            db_url,
+            f"SELECT run_at - {Connector(db_url).dialect.now}, attempt FROM {TEST_TABLE} "
+            "WHERE queue = ? AND state = 'queued'",
+            (queue.queue_name,),
+        )
+        assert [attempt for _, attempt in rows] == [1]
+        return float(rows[0][0])
+
+    with queue:
+        queue.dispatch(ProbeJob(probe.id))
+        probe.wait_finished(1)
+        wait_until(
+            lambda: (
+                queue.pending_count() == 1
+                and bool(
+                    execute(
+                        db_url, f"SELECT id FROM {TEST_TABLE} WHERE queue = ? AND state = 'queued'", (queue.queue_name,)
+                    )
+                )
+            ),
+            what="the retry to be parked",
+        )
+    assert 55 < due_in() <= 60
+    with queue:  # a restart does not run it early
+        assert queue.join(timeout=0.5) is False
+    assert 54 < due_in() <= 60
+    assert probe.attempts == [0]
+
+
 # -- context carried between processes ------------------------------------------
 
 tenant: contextvars.ContextVar[str] = contextvars.ContextVar("tenant", default="no-tenant")
