@@ -169,11 +169,25 @@ class Connector:
             connect_timeout=int(options.get("connect_timeout", 5)),
         )
 
+    def is_transient(self, exc: BaseException) -> bool:
+        """Worth trying again: a lost connection, or contention (deadlock, lock timeout, SQLite busy)."""
+        return self.is_contention(exc) or self.is_connection_error(exc)
+
+    def is_contention(self, exc: BaseException) -> bool:
+        """Two transactions in each other's way: try again on the same connection."""
+        if self.dialect is SQLITE:
+            message = str(exc).lower()
+            return isinstance(exc, sqlite3.OperationalError) and ("locked" in message or "busy" in message)
+        if self.dialect is POSTGRES:
+            errors = self.driver.errors
+            return isinstance(exc, (errors.TransactionRollback, errors.LockNotAvailable))
+        # MySQL: 1213 deadlock, 1205 lock wait timeout.
+        return isinstance(exc, self.driver.err.OperationalError) and bool(exc.args) and exc.args[0] in (1213, 1205)
+
     def is_connection_error(self, exc: BaseException) -> bool:
         """A lost or refused connection: reconnect and try again."""
-        if self.dialect is SQLITE:
-            return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc).lower()
+        if self.dialect is SQLITE or self.is_contention(exc):
+            return False
         if self.dialect is POSTGRES:
-            errors = self.driver
-            return isinstance(exc, (errors.OperationalError, errors.InterfaceError))
+            return isinstance(exc, (self.driver.OperationalError, self.driver.InterfaceError))
         return isinstance(exc, (self.driver.err.OperationalError, self.driver.err.InterfaceError))

@@ -6,10 +6,14 @@ seconds; ``{lock}`` the claim's row-locking clause; ``?`` a bound parameter.
 
 COLUMNS = "id, name, payload, context, attempt, max_attempts"
 
-INSERT = (
-    "INSERT INTO {table} (id, queue, name, payload, context, state, attempt, max_attempts, run_at, created_at) "
-    "VALUES (?, ?, ?, ?, ?, 'queued', 0, ?, {now} + ?, {now})"
+# A dispatch is INSERT_INTO followed by one INSERT_ROW per job, comma-separated.
+INSERT_INTO = (
+    "INSERT INTO {table} (id, queue, name, payload, context, state, attempt, max_attempts, run_at, created_at) VALUES"
 )
+INSERT_ROW = "(?, ?, ?, ?, ?, 'queued', 0, ?, {now} + ?, {now})"
+
+# PostgreSQL: the insert and the NOTIFY that wakes other processes, in one statement.
+INSERT_AND_NOTIFY = "WITH inserted AS ({insert} RETURNING id) SELECT pg_notify(?, (SELECT id FROM inserted LIMIT 1))"
 
 SELECT_READY = (
     f"SELECT {COLUMNS} FROM {{table}} WHERE queue = ? AND state = 'queued' AND run_at <= {{now}} "

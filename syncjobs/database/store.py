@@ -10,13 +10,14 @@ worker loop is the in-memory one, unchanged.
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import json
 import logging
 import queue as stdqueue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import tenacity
@@ -25,7 +26,7 @@ from ..envelope import Envelope
 from ..errors import QueueError
 from ..ids import new_job_id
 from . import queries
-from .dialects import POSTGRES, SQLITE, Connector
+from .dialects import POSTGRES, Connector
 
 logger = logging.getLogger("syncjobs.database")
 
@@ -72,6 +73,7 @@ class DatabaseStore:
         self.owner = f"{uuid.uuid4().hex[:12]}"
         self._sql = {name: self.dialect.sql(text, table) for name, text in vars(queries).items() if name.isupper()}
         self._local = threading.local()
+        self._insert_cache: dict[int, str] = {}
         self._connections: list[Any] = []
         self._connections_lock = threading.Lock()
         self._ready: stdqueue.SimpleQueue[Envelope | _Wake] = stdqueue.SimpleQueue()
@@ -121,7 +123,7 @@ class DatabaseStore:
         """Reconnect and retry on a lost connection or a locked SQLite, with capped, jittered waits."""
         stop: Any = tenacity.stop_never if deadline is None else tenacity.stop_after_delay(deadline)
         return tenacity.Retrying(
-            retry=tenacity.retry_if_exception(self.connector.is_connection_error),
+            retry=tenacity.retry_if_exception(self.connector.is_transient),
             wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
             stop=stop,
             before_sleep=self._before_retry,
@@ -130,10 +132,12 @@ class DatabaseStore:
 
     def _before_retry(self, state: tenacity.RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome else None
-        if self.dialect is not SQLITE or state.attempt_number > 3:
-            logger.warning("the %s database did not answer (%s); retrying", self.dialect.name, exc)
-        if self.dialect is not SQLITE:
+        if exc is not None and self.connector.is_connection_error(exc):
+            logger.warning("the %s database did not answer (%s); reconnecting", self.dialect.name, exc)
             self._drop_connection()
+        else:
+            # Contention (a deadlock, a lock wait, SQLite busy) is normal under load.
+            logger.debug("the %s database was busy (%s); trying again", self.dialect.name, exc)
 
     def run(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
         """Run ``operation(cursor)`` on this thread's connection, retrying through outages."""
@@ -196,11 +200,17 @@ class DatabaseStore:
     def put_many(self, items: Sequence[tuple[Envelope, float]], connection: Any = None) -> None:
         """Insert rows in one transaction: the caller's (never committed here) or our own."""
         params = [self.insert_params(envelope, delay) for envelope, delay in items]
-        ids = [envelope.id for envelope, _ in items]
 
         def insert(cursor: Any) -> None:
-            cursor.executemany(self._sql["INSERT"], params)
-            self._notify(cursor, ids)
+            # Multi-row VALUES, built of placeholders only: one round trip per
+            # 500 rows on every driver (PyMySQL's executemany would not batch
+            # an INSERT that has SQL expressions in it).
+            for start in range(0, len(params), 500):
+                chunk = params[start : start + 500]
+                values = [value for row in chunk for value in row]
+                if self.dialect is POSTGRES:
+                    values.append(self.channel)
+                cursor.execute(self._insert_sql(len(chunk)), values)
 
         if connection is not None:
             cursor = connection.cursor()
@@ -222,16 +232,24 @@ class DatabaseStore:
                 raise
         self._kick.set()
 
-    def _notify(self, cursor: Any, ids: Iterable[str]) -> None:
-        if self.dialect is POSTGRES:
-            # Delivered at commit, so a rolled-back dispatch wakes nobody. The
-            # payload is the job id, nothing from the job itself.
-            for job_id in list(ids)[:1]:
-                cursor.execute("SELECT pg_notify(%s, %s)", (self.channel, job_id))
+    def _insert_sql(self, rows: int) -> str:
+        sql = self._insert_cache.get(rows)
+        if sql is None:
+            values = ", ".join([self._sql["INSERT_ROW"]] * rows)
+            sql = f"{self._sql['INSERT_INTO']} {values}"
+            if self.dialect is POSTGRES:
+                # The same statement wakes the other processes' workers: the
+                # NOTIFY is delivered at commit, so a rolled-back dispatch wakes
+                # nobody, and it carries a job id, nothing from the job itself.
+                sql = self._sql["INSERT_AND_NOTIFY"].replace("{insert}", sql)
+            self._insert_cache[rows] = sql
+        return sql
 
     @property
     def channel(self) -> str:
-        return f"{self.table}_{self.queue}"[:63]
+        # An identifier for LISTEN: the queue name is hashed, so that nothing
+        # a caller chose reaches SQL text.
+        return f"{self.table}_{hashlib.sha256(self.queue.encode()).hexdigest()[:16]}"
 
     # -- the worker loop's calls ------------------------------------------
 
