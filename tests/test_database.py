@@ -368,32 +368,40 @@ def ledger(db_url: str) -> Ledger:
     return ledger
 
 
-def test_four_processes_share_two_thousand_jobs_each_run_once(
+def dispatcher(db_url: str, made: list[syncjobs.DatabaseJobQueue]) -> tuple[syncjobs.DatabaseJobQueue, str]:
+    """A queue that only dispatches (the worker processes run the jobs), and its name."""
+    queue = make(db_url, made, workers=0)
+    queue.install_schema()
+    return queue, queue.queue_name
+
+
+def test_four_processes_share_the_jobs_each_run_once_and_nothing_reports_a_lock(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
 ) -> None:
-    queue = make(db_url, queues, workers=0)
-    name = queue.queue_name
-    queue.install_schema()
+    # SQLite: 4 processes x 2 threads, 5,000 jobs, the issue's own check that
+    # "database is locked" never reaches the user; the servers: 2,000 jobs.
+    count = 5000 if db_url.startswith("sqlite") else 2000
+    queue, name = dispatcher(db_url, queues)
     workers = Workers(db_url, name, workers=2)
     try:
         for _ in range(4):
             workers.spawn()
-        dispatch_ledger_jobs(queue, name, 2000)
-        assert queue.join(120)
+        for start in range(0, count, 500):  # dispatched while the workers claim
+            queue.dispatch_many([LedgerJob(name, n) for n in range(start, start + 500)])
+        assert queue.join(180)
     finally:
         logs = workers.stop()
     runs = ledger.runs(name)
-    assert Counter(n for n, _, _ in runs) == Counter(range(2000))
+    assert Counter(n for n, _, _ in runs) == Counter(range(count))
     assert len({pid for _, _, pid in runs}) > 1
-    assert not [line for log in logs for line in log.splitlines() if "ERROR" in line or "locked" in line]
+    reported = [line for log in logs for line in log.splitlines() if "locked" in line.lower() or "ERROR" in line]
+    assert reported == []
 
 
 def test_a_killed_workers_job_runs_again_once_its_lease_expires(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
 ) -> None:
-    queue = make(db_url, queues, workers=0)
-    name = queue.queue_name
-    queue.install_schema()
+    queue, name = dispatcher(db_url, queues)
     first = Workers(db_url, name, workers=1, lease=1.0)
     second = Workers(db_url, name, workers=1, lease=1.0)
     try:
@@ -413,9 +421,7 @@ def test_a_killed_workers_job_runs_again_once_its_lease_expires(
 def test_a_stale_worker_cannot_finish_a_row_it_lost(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
 ) -> None:
-    queue = make(db_url, queues, workers=0)
-    name = queue.queue_name
-    queue.install_schema()
+    queue, name = dispatcher(db_url, queues)
     stale_side = Workers(db_url, name, workers=1, lease=1.0)
     other_side = Workers(db_url, name, workers=1, lease=1.0)
     try:
@@ -437,33 +443,10 @@ def test_a_stale_worker_cannot_finish_a_row_it_lost(
     assert "had lost their lease" in logs[0]
 
 
-@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_sqlite_four_processes_of_two_threads_never_report_a_lock(
-    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
-) -> None:
-    queue = make(db_url, queues, workers=0)
-    name = queue.queue_name
-    queue.install_schema()
-    workers = Workers(db_url, name, workers=2)
-    try:
-        for _ in range(4):
-            workers.spawn()
-        for start in range(0, 5000, 500):  # dispatched while the workers claim
-            queue.dispatch_many([LedgerJob(name, n) for n in range(start, start + 500)])
-        assert queue.join(180)
-    finally:
-        logs = workers.stop()
-    assert Counter(n for n, _, _ in ledger.runs(name)) == Counter(range(5000))
-    reported = [line for log in logs for line in log.splitlines() if "locked" in line.lower() or "ERROR" in line]
-    assert reported == []
-
-
 def test_chaos_killing_workers_loses_nothing_and_reruns_only_what_they_ran(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
 ) -> None:
-    queue = make(db_url, queues, workers=0)
-    name = queue.queue_name
-    queue.install_schema()
+    queue, name = dispatcher(db_url, queues)
     workers = Workers(db_url, name, workers=2, lease=1.0)
     rng = random.Random(1234)
     killed: set[int] = set()
