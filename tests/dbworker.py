@@ -86,6 +86,13 @@ class LedgerJob(syncjobs.Job):
             threading.Event().wait(self.seconds)
 
 
+class OnceLedgerJob(LedgerJob):
+    """A ledger job with one run in all."""
+
+    NAME = "tests.ledger_once"
+    MAX_ATTEMPTS = 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         poll_interval=0.2,
     )
     queue.register(LedgerJob)
+    queue.register(OnceLedgerJob)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     queue.start()

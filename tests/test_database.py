@@ -24,7 +24,7 @@ import pytest
 import syncjobs
 from syncjobs.database.dialects import SQLITE, Connector
 from tests.conftest import JOB_CLASSES, TEST_TABLE, _reachable
-from tests.dbworker import Ledger, LedgerJob, dispatch_ledger_jobs
+from tests.dbworker import Ledger, LedgerJob, OnceLedgerJob, dispatch_ledger_jobs
 from tests.helpers import WAIT, Probe, ProbeJob, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -418,6 +418,30 @@ def test_a_killed_workers_job_runs_again_once_its_lease_expires(
     assert ledger.runs(name) == [(0, 0, victim.pid), (0, 1, survivor.pid)]
 
 
+def test_a_job_whose_worker_dies_on_its_last_attempt_is_a_dead_letter(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
+) -> None:
+    queue, name = dispatcher(db_url, queues)
+    queue.register(OnceLedgerJob)
+    first = Workers(db_url, name, workers=1, lease=1.0)
+    second = Workers(db_url, name, workers=1, lease=1.0)
+    try:
+        victim = first.spawn()
+        (job_id,) = queue.dispatch_many([OnceLedgerJob(name, 0, seconds=60.0)])
+        wait_until(lambda: len(ledger.runs(name)) == 1, what="the only run to start")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(WAIT)
+        second.spawn()
+        assert queue.join(WAIT * 3)
+    finally:
+        first.stop()
+        second.stop()
+    assert ledger.runs(name) == [(0, 0, victim.pid)]
+    assert [(d.job_id, d.attempts, d.error) for d in queue.dead_letters()] == [
+        (job_id, 1, "lease expired on its last attempt (1 of 1): its worker died or stalled")
+    ]
+
+
 def test_a_stale_worker_cannot_finish_a_row_it_lost(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
 ) -> None:
@@ -447,7 +471,9 @@ def test_chaos_killing_workers_loses_nothing_and_reruns_only_what_they_ran(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
 ) -> None:
     queue, name = dispatcher(db_url, queues)
-    workers = Workers(db_url, name, workers=2, lease=1.0)
+    # A lease of 3 s: long enough that a live worker's heartbeat (every 1 s)
+    # keeps it on this loaded 2-core machine, short enough for the 20 s run.
+    workers = Workers(db_url, name, workers=2, lease=3.0)
     rng = random.Random(1234)
     killed: set[int] = set()
     try:

@@ -441,17 +441,26 @@ class DatabaseStore:
     def _fetch_loop(self) -> None:
         self._local.relaxed = True
         next_recovery = 0.0
+        recovery_interval = min(self.lease / 2, 5.0)
         while not self._closed.is_set():
             with self._want:
-                while not self._closed.is_set() and self._waiting + self.prefetch - self._buffered <= 0:
-                    self._want.wait()
+                # Also wake for lease recovery: the rows of a dead worker must
+                # come back even while every worker here is busy.
+                while (
+                    not self._closed.is_set()
+                    and self._waiting + self.prefetch - self._buffered <= 0
+                    and time.monotonic() < next_recovery
+                ):
+                    self._want.wait(max(0.0, next_recovery - time.monotonic()))
                 want = self._waiting + self.prefetch - self._buffered
             if self._closed.is_set():
                 return
             try:
                 if time.monotonic() >= next_recovery:
                     self._recover_expired()
-                    next_recovery = time.monotonic() + min(self.lease / 2, 5.0)
+                    next_recovery = time.monotonic() + recovery_interval
+                if want <= 0:
+                    continue
                 claimed = self._claim_batch(want)
             except Exception:
                 logger.exception("claiming jobs from the %s database failed; trying again", self.dialect.name)
@@ -565,6 +574,8 @@ class DatabaseStore:
     # -- heartbeat and notifications ------------------------------------------
 
     def _heartbeat_loop(self) -> None:
+        # Relaxed like the claims: a renewal lost in a server crash costs nothing.
+        self._local.relaxed = True
         interval = self.lease / 3
 
         def renew(cursor: Any) -> None:
