@@ -122,10 +122,6 @@ class WorkerPool:
     def started(self) -> bool:
         return self._generation is not None
 
-    def running_count(self) -> int:
-        with self._lock:
-            return len(self._running)
-
     def start(self) -> None:
         if self._generation is not None:
             return

@@ -24,7 +24,6 @@ import tenacity
 
 from ..envelope import Envelope
 from ..errors import QueueError
-from ..ids import new_job_id
 from . import queries
 from .dialects import POSTGRES, Connector
 
@@ -344,14 +343,18 @@ class DatabaseStore:
     # -- lifecycle ----------------------------------------------------------------
 
     def open(self) -> None:
-        self._closed.clear()
+        # A new Event, not clear(): a listener of the last open() that has not
+        # yet woken must still see its own store closed.
+        self._closed = threading.Event()
         self._threads = [
             threading.Thread(target=self._fetch_loop, name="syncjobs-fetcher", daemon=True),
             threading.Thread(target=self._complete_loop, name="syncjobs-completer", daemon=True),
             threading.Thread(target=self._heartbeat_loop, name="syncjobs-heartbeat", daemon=True),
         ]
         if self.dialect is POSTGRES:
-            self._threads.append(threading.Thread(target=self._listen_loop, name="syncjobs-listener", daemon=True))
+            self._threads.append(
+                threading.Thread(target=self._listen_loop, args=(self._closed,), name="syncjobs-listener", daemon=True)
+            )
         for thread in self._threads:
             thread.start()
 
@@ -587,30 +590,25 @@ class DatabaseStore:
             except Exception:
                 logger.exception("renewing the leases of worker %s failed; trying again", self.owner)
 
-    def _listen_loop(self) -> None:
+    def _listen_loop(self, closed: threading.Event) -> None:
         """PostgreSQL: LISTEN on the queue's channel and kick the fetcher on each NOTIFY."""
-        while not self._closed.is_set():
+        while not closed.is_set():
             try:
                 conn = self.connector.connect()
             except Exception:
                 logger.debug("the notification connection could not be opened", exc_info=True)
-                self._closed.wait(self.poll_interval)
+                closed.wait(self.poll_interval)
                 continue
             try:
                 conn.execute(f'LISTEN "{self.channel}"')
-                while not self._closed.is_set():
+                while not closed.is_set():
                     for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
                         self._kick.set()
             except Exception:
                 logger.info("the notification connection dropped; re-opening it", exc_info=True)
-                self._closed.wait(min(self.poll_interval, 1.0))
+                closed.wait(min(self.poll_interval, 1.0))
             finally:
                 try:
                     conn.close()
                 except Exception:
                     logger.debug("closing the notification connection failed", exc_info=True)
-
-    # -- dead letters --------------------------------------------------------
-
-    def new_id(self) -> str:
-        return new_job_id()
