@@ -65,11 +65,6 @@ class TimerHeap(Generic[T]):
         with self._cond:
             return len(self._heap)
 
-    def wake(self) -> None:
-        """Make the thread look at the clock again (for clocks that jump, as in tests)."""
-        with self._cond:
-            self._cond.notify_all()
-
     def settle(self, timeout: float = 5.0) -> bool:
         """Wake the thread and wait until it has handed over everything now due.
 
