@@ -1,30 +1,40 @@
 """The README's main job: a few hundred mixed jobs through a real worker pool.
 
-Some jobs fail and are retried (with a short, overridden backoff so the demo
-takes seconds), one is a permanent failure that becomes a dead letter, and a
-``ContextVar`` set by the "request" travels into every job.
+It runs on the embedded default, SQLite in a temporary file, unless given a
+URL. Some jobs fail and are retried (with a short, overridden backoff so the
+demo takes seconds), one is a permanent failure that becomes a dead letter,
+and a ``ContextVar`` set by the "request" travels into every job.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import logging
 import random
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from typing import TextIO
 
+from .cli.inspect import print_stats
+from .cli.logs import use_colour
 from .context import RunInfo, current_job
+from .database import DatabaseJobQueue
 from .envelope import DeadLetter
 from .errors import Fatal, Retryable
 from .job import Job
 from .memory import InMemoryJobQueue
+from .queue import JobQueue
 
-# The demo's progress tracker reaches the jobs the way a request id would:
-# through the context captured at dispatch.
-_tracker: contextvars.ContextVar[Tracker] = contextvars.ContextVar("syncjobs_demo_tracker")
+# The demo's run id reaches the jobs the way a request id would: through the
+# context captured at dispatch (a database queue carries it as JSON), and
+# names the tracker that counts what they report.
+_demo_run: contextvars.ContextVar[str] = contextvars.ContextVar("syncjobs_demo_run")
+_TRACKERS: dict[str, Tracker] = {}
 
 
 class Tracker:
@@ -58,6 +68,10 @@ class Tracker:
             return len(self._failing)
 
 
+def _tracker() -> Tracker:
+    return _TRACKERS[_demo_run.get()]
+
+
 def _run_info() -> RunInfo:
     info = current_job()
     if info is None:
@@ -78,7 +92,7 @@ class SendWelcomeEmail(Job):
 
     def run(self) -> None:
         _work(0.004 + (self.user_id % 7) / 1000)
-        _tracker.get().ran(ok=True)
+        _tracker().ran(ok=True)
 
 
 @dataclasses.dataclass
@@ -93,9 +107,9 @@ class ResizeImage(Job):
         info = _run_info()
         _work(0.008)
         if info.attempt < self.flaky_runs:
-            _tracker.get().ran(ok=False)
+            _tracker().ran(ok=False)
             raise Retryable("thumbnail service busy")
-        _tracker.get().ran(ok=True)
+        _tracker().ran(ok=True)
 
     def retry_wait(self, failed_attempt: int) -> float:
         # The default waits 1, 2, 4 ... seconds; a demo has no time for that.
@@ -113,9 +127,9 @@ class CallSlowApi(Job):
         info = _run_info()
         _work(0.012)
         if info.attempt == 0 and self.request_id % 5 == 0:
-            _tracker.get().ran(ok=False)
+            _tracker().ran(ok=False)
             raise TimeoutError("the API took too long")
-        _tracker.get().ran(ok=True)
+        _tracker().ran(ok=True)
 
     def retry_wait(self, failed_attempt: int) -> float:
         return 0.2
@@ -129,7 +143,7 @@ class ChargeCard(Job):
     order_id: int
 
     def run(self) -> None:
-        _tracker.get().ran(ok=False)
+        _tracker().ran(ok=False)
         raise Fatal(f"card declined for order {self.order_id}")
 
 
@@ -161,58 +175,114 @@ class _ProgressSafeHandler(logging.StreamHandler):  # type: ignore[type-arg]
         super().emit(record)
 
 
-def run_demo(*, jobs: int = 300, workers: int = 4, grace: float = 2.0, seed: int = 7, out: TextIO = sys.stdout) -> int:
+def run_demo(
+    *,
+    url: str | None = None,
+    jobs: int = 300,
+    workers: int = 4,
+    grace: float = 2.0,
+    seed: int = 7,
+    out: TextIO = sys.stdout,
+    log_level: str = "WARNING",
+) -> int:
     """Run the demo; returns the process exit code (0 when every job ended as expected)."""
-    tracker = Tracker()
-    queue = InMemoryJobQueue(workers, shutdown_grace=grace)
+    with contextlib.ExitStack() as cleanup:
+        where = url
+        if url is None:
+            folder = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="syncjobs-demo-"))
+            url, where = f"sqlite:///{folder}/jobs.db", "SQLite in a temporary file"
+        return _run(url, where or url, jobs=jobs, workers=workers, grace=grace, seed=seed, out=out, log_level=log_level)
+
+
+def _make_queue(url: str, run_id: str, workers: int, grace: float) -> JobQueue:
+    queue: JobQueue
+    if url.startswith("memory:"):
+        queue = InMemoryJobQueue(workers, shutdown_grace=grace)
+    else:
+        queue = DatabaseJobQueue(
+            url,
+            workers=workers,
+            shutdown_grace=grace,
+            queue=f"demo-{run_id}",
+            table="syncjobs_demo",
+            carry=[_demo_run],
+            poll_interval=0.2,
+        )
     for job_cls in (SendWelcomeEmail, ResizeImage, CallSlowApi, ChargeCard):
         queue.register(job_cls)
-    queue.on_dead_letter(tracker.dead_letter)
+    queue.on_dead_letter(_TRACKERS[run_id].dead_letter)
+    return queue
+
+
+def _run(url: str, where: str, *, jobs: int, workers: int, grace: float, seed: int, out: TextIO, log_level: str) -> int:
+    run_id = uuid.uuid4().hex[:12]
+    tracker = _TRACKERS[run_id] = Tracker()
+    queue = _make_queue(url, run_id, workers, grace)
     live = out.isatty()
     # The demo is an app: it shows the library's warnings its own way.
     handler = _ProgressSafeHandler(sys.stderr, live and sys.stderr.isatty())
-    handler.setLevel(logging.WARNING)
+    handler.setLevel(log_level)
     library_logger = logging.getLogger("syncjobs")
     library_logger.addHandler(handler)
-    out.write(f"syncjobs demo: {jobs} jobs on an in-memory queue with {workers} workers\n")
+    library_logger.setLevel(min(library_logger.getEffectiveLevel(), handler.level))
+    out.write(f"syncjobs demo: {jobs} jobs, {workers} workers, on {where}\n")
     started = time.monotonic()
     interrupted = False
-    token = _tracker.set(tracker)
+    snapshot = None
+    token = _demo_run.set(run_id)
     try:
         queue.start()
-        for job in make_jobs(jobs, random.Random(seed)):
-            queue.dispatch(job)
+        batch = make_jobs(jobs, random.Random(seed))
+        if isinstance(queue, DatabaseJobQueue):
+            queue.dispatch_many(batch)
+        else:
+            for job in batch:
+                queue.dispatch(job)
         last_line = 0.0
-        while not queue.join(timeout=0.05):
+        while not queue.join(timeout=0.1):
             now = time.monotonic()
             if live or now - last_line >= 1.0:
-                _progress(out, tracker, queue, live)
+                _progress(out, tracker, queue.pending_count(), jobs, live)
                 last_line = now
+        if isinstance(queue, DatabaseJobQueue):
+            snapshot = queue.admin.stats()  # while the workers are still live
     except KeyboardInterrupt:
         interrupted = True
         out.write(f"\ninterrupted: shutting down, running jobs get {grace:g}s\n")
     finally:
-        _tracker.reset(token)
+        _demo_run.reset(token)
         queue.shutdown()
         library_logger.removeHandler(handler)
-    _progress(out, tracker, queue, live)
+    pending = queue.pending_count()
+    _progress(out, tracker, pending, jobs, live)
     out.write("\n" if live else "")
-    elapsed = time.monotonic() - started
-    out.write(
-        f"summary: {tracker.done} done, {len(tracker.dead)} dead, {queue.pending_count()} pending, "
-        f"{tracker.runs} runs in {elapsed:.2f}s\n"
-    )
-    for dead in tracker.dead:
-        out.write(f"  dead letter {dead.name} ({dead.job_id}) after {dead.attempts} run(s): {dead.error}\n")
+    _summary(out, tracker, pending, time.monotonic() - started)
+    if isinstance(queue, DatabaseJobQueue):
+        out.write(f"\n$ syncjobs stats  (table {queue.table}, queue {queue.queue_name})\n")
+        print_stats(snapshot or queue.admin.stats(), False, out, only_queue=queue.queue_name)
+        queue.shutdown()  # closes the connections the counts above opened
+    del _TRACKERS[run_id]
     if interrupted:
         return 130
-    return 0 if tracker.done + len(tracker.dead) == jobs and queue.pending_count() == 0 else 1
+    return 0 if tracker.done + len(tracker.dead) == jobs and pending == 0 else 1
 
 
-def _progress(out: TextIO, tracker: Tracker, queue: InMemoryJobQueue, live: bool) -> None:
-    line = (
-        f"done {tracker.done:>5} | retrying {tracker.retrying:>3} | dead {len(tracker.dead):>2} "
-        f"| pending {queue.pending_count():>5}"
-    )
-    out.write(f"\r{line}" if live else f"{line}\n")
+def _summary(out: TextIO, tracker: Tracker, pending: int, elapsed: float) -> None:
+    out.write(f"summary: {tracker.done} done, {len(tracker.dead)} dead, {pending} pending, ")
+    out.write(f"{tracker.runs} runs in {elapsed:.2f}s\n")
+    for dead in tracker.dead:
+        out.write(f"  dead letter {dead.name} ({dead.job_id}) after {dead.attempts} run(s): {dead.error}\n")
+
+
+def _progress(out: TextIO, tracker: Tracker, pending: int, total: int, live: bool) -> None:
+    counts = f"retrying {tracker.retrying:>3} | dead {len(tracker.dead):>2} | pending {pending:>5}"
+    if live:
+        width = 30
+        filled = width * (tracker.done + len(tracker.dead)) // max(total, 1)
+        bar = "#" * filled + "." * (width - filled)
+        if use_colour(out):
+            bar = f"\033[32m{bar[:filled]}\033[2m{bar[filled:]}\033[0m"
+        out.write(f"\r[{bar}] {tracker.done:>5}/{total} done | {counts}")
+    else:
+        out.write(f"done {tracker.done:>5} | {counts}\n")
     out.flush()

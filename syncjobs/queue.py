@@ -21,7 +21,7 @@ from .ids import new_job_id
 from .job import Job
 from .payload import encode
 from .registry import Registry
-from .worker import Store, WorkerPool
+from .worker import RunObserver, Store, WorkerPool
 
 #: Seconds running jobs get at ``shutdown()`` before they are asked to cancel.
 DEFAULT_SHUTDOWN_GRACE = 5.0
@@ -94,9 +94,20 @@ class StoreQueue:
         # handler calling shutdown() in the middle of start() cannot deadlock.
         self._lifecycle = threading.RLock()
 
+    def _share_jobs_of(self, other: StoreQueue) -> None:
+        """Run ``other``'s job classes and call its dead-letter callbacks, as one registry."""
+        if self._pool.started:
+            raise QueueError("a started queue cannot take another's jobs")
+        self._registry = self._pool._registry = other._registry
+        self._dead_letters = self._pool._dead_letters = other._dead_letters
+
     def register(self, job_cls: J) -> J:
         """Make ``job_cls`` runnable by this queue; usable as a class decorator."""
         return self._registry.register(job_cls)
+
+    def registered_names(self) -> list[str]:
+        """The NAMEs of the job classes this queue runs, sorted."""
+        return self._registry.names()
 
     def dispatch(self, job: Job, *, delay: Delay = None) -> str:
         """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``."""
@@ -117,6 +128,22 @@ class StoreQueue:
         with self._lifecycle:
             self._pool.shutdown(grace)
             self._store.close()
+
+    def stop_claiming(self) -> None:
+        """Take no new job from now on; running jobs go on. ``shutdown()`` still stops the workers."""
+        self._pool.stop_claiming()
+
+    def end_grace(self) -> None:
+        """Cut the grace of a ``shutdown()`` in progress (or about to start) short.
+
+        For a second Ctrl-C: running jobs are cancelled and handed back at
+        once. Call it from another thread than the one in ``shutdown()``.
+        """
+        self._pool.end_grace()
+
+    def observe_runs(self, observer: RunObserver) -> None:
+        """Call ``observer(report)`` after every run (a :class:`RunReport`), on the worker's thread."""
+        self._pool.observe(observer)
 
     def pending_count(self) -> int:
         """Jobs not yet finished: queued, running and parked for a retry or a delay."""

@@ -27,6 +27,10 @@ class Registry:
             raise QueueError(f"job NAME {name!r} of {_qualified(job_cls)} is already taken by {_qualified(taken)}")
         return job_cls
 
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._by_name)
+
     def get(self, name: str) -> type[Job] | None:
         return self._by_name.get(name)
 

@@ -63,12 +63,34 @@ class Outcome(enum.Enum):
     ABORTED = "aborted"
 
 
+@dataclasses.dataclass(frozen=True)
+class RunReport:
+    """What became of one run, for observers such as the ``syncjobs worker`` log line."""
+
+    name: str
+    id: str
+    #: The run's number, from 1.
+    attempt: int
+    max_attempts: int
+    #: Seconds the run took (until shutdown handed it back, for ``aborted``).
+    duration: float
+    outcome: Outcome
+    #: Why it failed; empty for ``done``.
+    error: str = ""
+    #: Seconds until the retry, for ``retry``.
+    retry_in: float | None = None
+
+
+RunObserver = Callable[[RunReport], object]
+
+
 class _Run:
     """One run in progress; ``abandoned`` once shutdown has handed it back."""
 
-    __slots__ = ("abandoned", "context", "envelope", "info")
+    __slots__ = ("abandoned", "context", "envelope", "info", "started")
 
     def __init__(self, envelope: Envelope) -> None:
+        self.started = time.perf_counter()
         self.envelope = envelope
         self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts)
         # A fresh copy per run: one Context cannot be entered by two threads
@@ -117,14 +139,40 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._running: set[_Run] = set()
         self._generation: _Generation | None = None
+        self._observers: list[RunObserver] = []
+        # end_grace(): set to cut a shutdown's grace short; _shutdown_wake
+        # wakes the shutdown that waits out the grace.
+        self._grace_cut = threading.Event()
+        self._shutdown_wake: threading.Event | None = None
 
     @property
     def started(self) -> bool:
         return self._generation is not None
 
+    def observe(self, observer: RunObserver) -> None:
+        """Call ``observer(report)`` after every run, on the worker's thread; it must be quick."""
+        self._observers.append(observer)
+
+    def stop_claiming(self) -> None:
+        """Take no new job; runs in progress go on, and ``shutdown()`` still ends the workers."""
+        with self._lock:
+            generation = self._generation
+            if generation is None:
+                return
+            generation.stopping.set()
+        self._store.wake(len(generation.workers))
+
+    def end_grace(self) -> None:
+        """Cut a shutdown's grace short (now, or when it starts): running jobs are handed back at once."""
+        self._grace_cut.set()
+        wake = self._shutdown_wake
+        if wake is not None:
+            wake.set()
+
     def start(self) -> None:
         if self._generation is not None:
             return
+        self._grace_cut.clear()
         generation = _Generation(threading.Event())
         if self._workers:
             executor = ThreadPoolExecutor(self._workers, thread_name_prefix="syncjobs-worker")
@@ -146,9 +194,8 @@ class WorkerPool:
             generation.stopping.set()
             self._generation = None
         self._store.wake(len(generation.workers))
-        futures = [future for _, future in generation.workers]
         # One deadline shared by all workers, not grace per worker.
-        concurrent.futures.wait(futures, timeout=max(0.0, deadline - time.monotonic()))
+        self._wait_for_workers([future for _, future in generation.workers], deadline)
         with self._lock:
             stranded = list(self._running)
             for run in stranded:
@@ -172,12 +219,48 @@ class WorkerPool:
                     grace,
                     extra=_extra(envelope),
                 )
-                self._hand_back(envelope, "aborted at shutdown")
+                self._report(run, self._hand_back(envelope, "aborted at shutdown"), "handed back at shutdown")
         finally:
             if generation.executor is not None:
                 # Threads stuck in a job that ignores its cancel token are left
                 # behind; the next start() builds a fresh executor.
                 generation.executor.shutdown(wait=False)
+
+    def _wait_for_workers(self, futures: list[concurrent.futures.Future[None]], deadline: float) -> None:
+        """Until every worker has left, the deadline passes, or end_grace() is called."""
+        wake = threading.Event()
+        self._shutdown_wake = wake
+        try:
+            for future in futures:
+                future.add_done_callback(lambda _: wake.set())
+            while True:
+                wake.clear()  # before the checks: a set() after them still ends the wait
+                remaining = deadline - time.monotonic()
+                if self._grace_cut.is_set() or remaining <= 0 or all(future.done() for future in futures):
+                    return
+                wake.wait(remaining)
+        finally:
+            self._shutdown_wake = None
+
+    def _report(self, run: _Run, outcome: Outcome, error: str = "", retry_in: float | None = None) -> None:
+        if not self._observers:
+            return
+        envelope = run.envelope
+        report = RunReport(
+            envelope.name,
+            envelope.id,
+            run.info.attempt + 1,
+            envelope.max_attempts,
+            time.perf_counter() - run.started,
+            outcome,
+            error,
+            retry_in,
+        )
+        for observer in list(self._observers):
+            try:
+                observer(report)
+            except Exception:  # an observer's bug must not stop a worker
+                logger.exception("run observer %r failed", observer)
 
     # -- the loop ---------------------------------------------------------
 
@@ -238,26 +321,31 @@ class WorkerPool:
                 return
             self._running.discard(run)
         envelope = run.envelope
+        retry_in = None
         if outcome is Outcome.DONE:
             self._store.complete(envelope)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("job %s (%s) done", envelope.name, envelope.id, extra=_extra(envelope))
         elif outcome is Outcome.ABORTED:
-            self._hand_back(envelope, "cancelled")
+            outcome = self._hand_back(envelope, "cancelled")
         elif outcome is Outcome.DEAD:
             if job is not None:  # a run happened and is spent
                 envelope.attempt += 1
             self._dead(envelope, error, exc)
         else:
-            self._retry(run, error, job, exc)
+            retry_in = self._retry(run, error, job, exc)
+            if retry_in is None:
+                outcome = Outcome.DEAD
+        self._report(run, outcome, error, retry_in)
 
-    def _retry(self, run: _Run, error: str, job: Job | None, exc: BaseException | None) -> None:
+    def _retry(self, run: _Run, error: str, job: Job | None, exc: BaseException | None) -> float | None:
+        """Park the job for its next run; returns the wait, or None when it became a dead letter."""
         envelope = run.envelope
         failed = envelope.attempt
         envelope.attempt += 1
         if envelope.attempt >= envelope.max_attempts:
             self._dead(envelope, error, exc)
-            return
+            return None
         wait = retry_backoff(failed) if job is None else _retry_wait(job, failed, run)
         # INFO: a retry is the queue working as designed; the dead letter, if
         # it comes to that, is the WARNING or ERROR.
@@ -273,14 +361,16 @@ class WorkerPool:
             extra=_extra(envelope),
         )
         self._store.park(envelope, self._clock() + wait)
+        return wait
 
-    def _hand_back(self, envelope: Envelope, why: str) -> None:
+    def _hand_back(self, envelope: Envelope, why: str) -> Outcome:
         """A run that did not finish: its attempt is spent, and it runs again unless that was the last."""
         envelope.attempt += 1
         if envelope.attempt >= envelope.max_attempts:
             self._dead(envelope, f"{why} on its last attempt ({envelope.attempt} of {envelope.max_attempts})")
-        else:
-            self._store.release(envelope)
+            return Outcome.DEAD
+        self._store.release(envelope)
+        return Outcome.ABORTED
 
     def _dead(self, envelope: Envelope, error: str, exc: BaseException | None = None) -> None:
         # The store first, so pending_count() is already down when callbacks run.

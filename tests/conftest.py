@@ -43,6 +43,12 @@ def database_urls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return {"sqlite": f"sqlite:///{tmp_path_factory.mktemp('sqlite') / 'jobs.db'}", **SERVER_URLS}
 
 
+@pytest.fixture(params=["sqlite", "postgresql", "mysql"])
+def db_url(request: pytest.FixtureRequest, database_urls: dict[str, str]) -> str:
+    """Each database backend's URL in turn."""
+    return _reachable(request.param, database_urls[request.param])
+
+
 class Backend:
     """Builds queues of one backend for the contract suite, and cleans them up."""
 

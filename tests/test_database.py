@@ -22,18 +22,13 @@ from typing import Any
 import pytest
 
 import syncjobs
-from syncjobs.database.dialects import SQLITE, Connector
-from tests.conftest import JOB_CLASSES, TEST_TABLE, _reachable
+from syncjobs.database.dialects import SQLITE, Connector, dialect_for
+from syncjobs.database.schema import SCHEMA_VERSION, ddl
+from tests.conftest import JOB_CLASSES, TEST_TABLE
 from tests.dbworker import Ledger, LedgerJob, OnceLedgerJob, dispatch_ledger_jobs
 from tests.helpers import WAIT, Probe, ProbeJob, wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATABASES = ["sqlite", "postgresql", "mysql"]
-
-
-@pytest.fixture(params=DATABASES)
-def db_url(request: pytest.FixtureRequest, database_urls: dict[str, str]) -> str:
-    return _reachable(request.param, database_urls[request.param])
 
 
 @pytest.fixture
@@ -65,6 +60,11 @@ def user_connection(url: str) -> Any:
     else:
         conn.autocommit(False)  # PyMySQL
     return conn
+
+
+def drop_tables(url: str, table: str) -> None:
+    for suffix in ("", "_schema", "_workers", "_done"):
+        execute(url, f"DROP TABLE IF EXISTS {table}{suffix}")
 
 
 def execute(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -270,13 +270,41 @@ def test_install_schema_is_idempotent_and_versioned(db_url: str, queues: list[sy
     queue = syncjobs.DatabaseJobQueue(db_url, table=table)
     queues.append(queue)
     try:
+        assert queue.admin.migrate() is None  # there was no table
+        assert queue.admin.migrate() == SCHEMA_VERSION
         queue.install_schema()
-        queue.install_schema()
-        assert execute(db_url, f"SELECT version FROM {table}_schema") == [(1,)]
+        assert execute(db_url, f"SELECT version FROM {table}_schema") == [(SCHEMA_VERSION,)]
         assert queue.pending_count() == 0
     finally:
-        execute(db_url, f"DROP TABLE IF EXISTS {table}")
-        execute(db_url, f"DROP TABLE IF EXISTS {table}_schema")
+        drop_tables(db_url, table)
+
+
+def test_a_version_1_table_is_upgraded_and_a_newer_one_refused(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue]
+) -> None:
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    queue = syncjobs.DatabaseJobQueue(db_url, table=table, auto_schema=False)
+    queues.append(queue)
+    try:
+        # What version 1 created: the jobs table and the version table only.
+        for statement in ddl(dialect_for(db_url), table)[:-2]:
+            execute(db_url, statement)
+        execute(db_url, f"DELETE FROM {table}_schema")
+        execute(db_url, f"INSERT INTO {table}_schema (version) VALUES (1)")
+        execute(db_url, f"DROP TABLE IF EXISTS {table}_workers")
+        execute(db_url, f"DROP TABLE IF EXISTS {table}_done")
+        with pytest.raises(syncjobs.QueueError, match=r"version 1, this syncjobs needs 2: run `syncjobs migrate"):
+            queue.start()
+        assert queue.admin.migrate() == 1
+        assert execute(db_url, f"SELECT version FROM {table}_schema") == [(SCHEMA_VERSION,)]
+        assert execute(db_url, f"SELECT COUNT(*) FROM {table}_workers") == [(0,)]
+        queue.start()  # now it may
+        queue.shutdown()
+        execute(db_url, f"UPDATE {table}_schema SET version = 99")
+        with pytest.raises(syncjobs.QueueError, match="schema version 99, newer than this syncjobs knows"):
+            queue.admin.migrate()
+    finally:
+        drop_tables(db_url, table)
 
 
 @pytest.mark.parametrize("table", ["jobs; DROP TABLE x", "1jobs", "", "a" * 64, "jobs-table"])

@@ -14,9 +14,9 @@ from ..envelope import DeadLetter, Envelope
 from ..errors import QueueError
 from ..job import Job
 from ..queue import DEFAULT_SHUTDOWN_GRACE, Delay, StoreQueue, delay_seconds, new_envelope
-from . import queries
+from .admin import TableAdmin
 from .dialects import Connector, check_identifier
-from .schema import SCHEMA_VERSION, ddl
+from .schema import SCHEMA_VERSION
 from .store import DatabaseStore
 
 logger = logging.getLogger("syncjobs.database")
@@ -58,6 +58,17 @@ class DatabaseJobQueue(StoreQueue):
         self.queue_name = queue
         self.table = table
         self.auto_schema = auto_schema
+        # What for_queue() builds a twin from.
+        self._options: dict[str, Any] = dict(
+            lease=lease,
+            poll_interval=poll_interval,
+            table=table,
+            carry=list(carry),
+            auto_schema=auto_schema,
+            dispatch_timeout=dispatch_timeout,
+            prefetch=prefetch,
+            clock=clock,
+        )
         self._schema_ready = False
         self._db = DatabaseStore(
             Connector(url),
@@ -70,40 +81,70 @@ class DatabaseJobQueue(StoreQueue):
             # One batch ahead of the workers by default, as Celery and Dramatiq
             # prefetch: a claim's round trip overlaps the runs. 0 for long jobs.
             prefetch=workers if prefetch is None else prefetch,
+            workers=workers,
             clock=clock,
         )
         super().__init__(self._db, workers=workers, shutdown_grace=shutdown_grace, clock=clock)
         self._db.on_expired_dead = self._expired_dead
+        #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
+        self.admin = TableAdmin(self._db)
+
+    def for_queue(
+        self, queue: str | None = None, *, workers: int | None = None, shutdown_grace: float | None = None
+    ) -> DatabaseJobQueue:
+        """A queue on the same table and settings, for another queue name or worker count.
+
+        It runs the same job classes and calls the same dead-letter callbacks:
+        registering on either registers on both.
+        """
+        twin = DatabaseJobQueue(
+            self.url,
+            workers=self.workers if workers is None else workers,
+            queue=self.queue_name if queue is None else queue,
+            shutdown_grace=self.shutdown_grace if shutdown_grace is None else shutdown_grace,
+            **self._options,
+        )
+        twin._share_jobs_of(self)
+        return twin
+
+    def drained(self) -> bool:
+        """Nothing on this queue is ready to run and no worker of this queue runs a job.
+
+        Jobs delayed or waiting for a retry's backoff do not count: what
+        ``syncjobs worker --burst`` waits for before it exits.
+        """
+        return self._db.drained()
 
     # -- schema -------------------------------------------------------------
 
     def install_schema(self) -> None:
-        """Create the table and its indexes if they are missing; safe to call again, from any process."""
-        dialect = self._db.dialect
-
-        def install(cursor: Any) -> None:
-            for statement in ddl(dialect, self.table):
-                cursor.execute(statement)
-            cursor.execute(dialect.sql(queries.SCHEMA_VERSION, self.table))
-            if cursor.fetchone() is None:
-                cursor.execute(dialect.sql(queries.SET_SCHEMA_VERSION, self.table), (SCHEMA_VERSION,))
-
-        try:
-            self._db.transaction(install, deadline=self._db.dispatch_timeout)
-        except Exception:  # noqa: BLE001 - any error of the race; the second try raises it for real
-            # Two processes creating the table at once: the loser's CREATE can
-            # fail on some databases even with IF NOT EXISTS. Once more settles it.
-            self._db.transaction(install, deadline=self._db.dispatch_timeout)
+        """Create or upgrade the tables; safe to call again, from any process (``syncjobs migrate`` runs it)."""
+        self.admin.migrate()
         self._schema_ready = True
 
     def _ensure_schema(self) -> None:
         if not self._schema_ready and self.auto_schema:
             self.install_schema()
 
+    def _check_schema(self) -> None:
+        """Workers need the current tables: with ``auto_schema=False``, refuse to start on older ones."""
+        if self._schema_ready:
+            return
+        if self.auto_schema:
+            self.install_schema()
+            return
+        found = self.admin.schema_version()
+        if found != SCHEMA_VERSION:
+            raise QueueError(
+                f"table {self.table!r} is at schema version {found}, this syncjobs needs {SCHEMA_VERSION}: "
+                f"run `syncjobs migrate --url URL` (auto_schema is off)"
+            )
+        self._schema_ready = True
+
     # -- the contract, plus the database's own -------------------------------
 
     def start(self) -> None:
-        self._ensure_schema()
+        self._check_schema()
         super().start()
 
     def dispatch(self, job: Job, *, delay: Delay = None, connection: Any = None) -> str:
@@ -129,45 +170,17 @@ class DatabaseJobQueue(StoreQueue):
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """This queue's dead letters, oldest first."""
         self._ensure_schema()
-
-        def fetch(cursor: Any) -> list[DeadLetter]:
-            cursor.execute(self._db.dialect.sql(queries.DEAD_LETTERS, self.table), (self.queue_name, limit))
-            letters = []
-            for job_id, name, payload, attempts, error in cursor.fetchall():
-                try:
-                    data = json.loads(payload)
-                except ValueError:
-                    data = {}
-                letters.append(
-                    DeadLetter(
-                        str(job_id), str(name), data if isinstance(data, dict) else {}, int(attempts), str(error or "")
-                    )
-                )
-            return letters
-
-        return self._db.run(fetch)
+        return [row.dead_letter() for row in self.admin.dead_letters(queue=self.queue_name, limit=limit)]
 
     def retry_dead(self, job_id: str) -> bool:
         """Queue a dead letter again with fresh attempts; False if there is no such dead letter."""
         self._ensure_schema()
-
-        def retry(cursor: Any) -> bool:
-            cursor.execute(self._db.dialect.sql(queries.RETRY_DEAD, self.table), (job_id, self.queue_name))
-            return bool(cursor.rowcount)
-
-        retried = self._db.run(retry)
-        self._db._kick.set()
-        return retried
+        return bool(self.admin.retry([job_id], queue=self.queue_name))
 
     def purge_dead(self, older_than: float = 0.0) -> int:
         """Delete this queue's dead letters (those dead at least ``older_than`` seconds); returns how many."""
         self._ensure_schema()
-
-        def purge(cursor: Any) -> int:
-            cursor.execute(self._db.dialect.sql(queries.PURGE_DEAD, self.table), (self.queue_name, older_than))
-            return int(cursor.rowcount)
-
-        return self._db.run(purge)
+        return self.admin.purge(older_than=older_than, queue=self.queue_name)
 
     def _expired_dead(self, envelope: Envelope, error: str) -> None:
         try:

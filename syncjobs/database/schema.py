@@ -1,15 +1,21 @@
-"""The jobs table, its indexes, and the schema version a later release migrates from."""
+"""The jobs table, its companions, and the schema version that ``migrate`` upgrades from."""
 
 from __future__ import annotations
 
 from .dialects import MYSQL, Dialect
 
-#: Bumped by any change to the table; stored in ``<table>_schema``.
-SCHEMA_VERSION = 1
+#: Bumped by any change to the tables; stored in ``<table>_schema``.
+#: 1: the jobs table. 2: adds ``<table>_workers`` (live workers and their
+#: heartbeats) and ``<table>_done`` (jobs done per second, for ``stats``).
+SCHEMA_VERSION = 2
 
 
 def ddl(dialect: Dialect, table: str) -> list[str]:
-    """The statements that create the table and its indexes, each idempotent."""
+    """The statements that create every table and index, each idempotent.
+
+    Upgrading is running them again: each version only adds tables, so what
+    exists is kept and what is missing is created.
+    """
     key, real = dialect.text_key, dialect.real
     text = "LONGTEXT" if dialect is MYSQL else "TEXT"
     # The claim reads (queue, state, run_at) in order; lease recovery reads
@@ -35,16 +41,43 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         error {text},
         created_at {real} NOT NULL,
         finished_at {real}"""
-    meta = f"CREATE TABLE IF NOT EXISTS {table}_schema (version INTEGER NOT NULL)"
+    engine = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" if dialect is MYSQL else ""
+    companions = [
+        f"CREATE TABLE IF NOT EXISTS {table}_schema (version INTEGER NOT NULL){engine}",
+        # One row per worker process (per queue it serves), renewed by its heartbeat.
+        f"""CREATE TABLE IF NOT EXISTS {table}_workers (
+        id {key} NOT NULL PRIMARY KEY,
+        queue VARCHAR(100) NOT NULL,
+        host VARCHAR(255) NOT NULL,
+        pid INTEGER NOT NULL,
+        threads INTEGER NOT NULL,
+        lease {real} NOT NULL,
+        started_at {real} NOT NULL,
+        heartbeat_at {real} NOT NULL
+){engine}""",
+        # Finished rows are deleted, so "done in the last minute" is counted
+        # here: one row per queue and second, pruned after an hour.
+        f"""CREATE TABLE IF NOT EXISTS {table}_done (
+        queue VARCHAR(100) NOT NULL,
+        bucket BIGINT NOT NULL,
+        done INTEGER NOT NULL,
+        PRIMARY KEY (queue, bucket)
+){engine}""",
+    ]
     if dialect is MYSQL:
         # MySQL has no CREATE INDEX IF NOT EXISTS: the indexes go in the table.
         inline = ",".join(f"\n        INDEX {name} ({cols})" for name, cols in indexes)
-        return [
-            f"CREATE TABLE IF NOT EXISTS {table} ({columns},{inline}\n) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4",
-            meta,
-        ]
+        return [f"CREATE TABLE IF NOT EXISTS {table} ({columns},{inline}\n){engine}", *companions]
     return [
         f"CREATE TABLE IF NOT EXISTS {table} ({columns}\n)",
         *(f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({cols})" for name, cols in indexes),
-        meta,
+        *companions,
+    ]
+
+
+def record_version(table: str) -> list[str]:
+    """The statements that record :data:`SCHEMA_VERSION` (a constant, never user input)."""
+    return [
+        f"DELETE FROM {table}_schema",  # noqa: S608 - a validated identifier
+        f"INSERT INTO {table}_schema (version) VALUES ({SCHEMA_VERSION})",  # noqa: S608 - and a constant
     ]

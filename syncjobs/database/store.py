@@ -13,7 +13,9 @@ import contextvars
 import hashlib
 import json
 import logging
+import os
 import queue as stdqueue
+import socket
 import threading
 import time
 import uuid
@@ -25,7 +27,7 @@ import tenacity
 from ..envelope import Envelope
 from ..errors import QueueError
 from . import queries
-from .dialects import POSTGRES, Connector
+from .dialects import MYSQL, POSTGRES, Connector
 
 logger = logging.getLogger("syncjobs.database")
 
@@ -55,6 +57,7 @@ class DatabaseStore:
         carry: Sequence[contextvars.ContextVar[Any]],
         dispatch_timeout: float,
         prefetch: int = 0,
+        workers: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.connector = connector
@@ -67,6 +70,8 @@ class DatabaseStore:
         self.dispatch_timeout = dispatch_timeout
         #: Rows claimed ahead of the workers that wait for them.
         self.prefetch = prefetch
+        #: Worker threads this store feeds; a store with any is listed in ``<table>_workers``.
+        self.workers = workers
         self._clock = clock
         # Unique per process start (and per store): leases name their owner.
         self.owner = f"{uuid.uuid4().hex[:12]}"
@@ -81,6 +86,11 @@ class DatabaseStore:
         self._want = threading.Condition()
         self._waiting = 0
         self._buffered = 0
+        # Envelopes handed to a worker and not yet finished or given back,
+        # and claims between their commit and the local queue.
+        self._inflight = 0
+        self._claiming = 0
+        self._claims_begun = 0
         self._kick = threading.Event()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -261,24 +271,36 @@ class DatabaseStore:
             self._waiting -= 1
             if item is not _WAKE:
                 self._buffered -= 1
+                self._inflight += 1
         return None if isinstance(item, _Wake) else item
 
+    def _settled(self) -> None:
+        with self._want:
+            self._inflight -= 1
+
     def complete(self, envelope: Envelope) -> None:
+        self._settled()
         # Deleted in batches by the completer thread: one commit for many jobs.
         # A crash before the flush means the job runs again, as at-least-once allows.
         with self._completions_cond:
             self._completions.append(envelope)
             self._completions_cond.notify()
 
+    # Settled after the write: until the row is back (or dead), it is this
+    # worker's, and drained() must not say the queue is empty.
+
     def park(self, envelope: Envelope, due: float) -> None:
         delay = max(0.0, due - self._clock())
         self._fenced("PARK", (envelope.attempt, delay, envelope.id, envelope.lease), envelope)
+        self._settled()
 
     def release(self, envelope: Envelope) -> None:
         self._fenced("PARK", (envelope.attempt, 0.0, envelope.id, envelope.lease), envelope)
+        self._settled()
 
     def dead(self, envelope: Envelope, error: str) -> None:
         self._fenced("DEAD", (envelope.attempt, error, envelope.id, envelope.lease), envelope)
+        self._settled()
 
     def wake(self, count: int) -> None:
         for _ in range(count):
@@ -327,6 +349,33 @@ class DatabaseStore:
                 raise DatabaseUnavailable(f"the {self.dialect.name} database is unavailable: {exc}") from exc
             raise
 
+    def drained(self) -> bool:
+        """Nothing is ready to run on this queue and no worker here runs one of its jobs.
+
+        Delayed jobs and retries waiting for their backoff do not count.
+        """
+
+        def idle() -> int | None:
+            with self._want:
+                busy = self._inflight or self._buffered or self._claiming
+                return None if busy else self._claims_begun
+
+        def count(cursor: Any) -> int:
+            cursor.execute(self._sql["READY"], (self.queue,))
+            return int(cursor.fetchone()[0])
+
+        before = idle()
+        if before is None or self.run(count, deadline=self.dispatch_timeout):
+            return False
+        # A claim that began and committed while the count ran took the rows
+        # it did not see: idle before and after, with no claim between.
+        return idle() == before
+
+    def wait_finished(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for one of this process's jobs to finish."""
+        with self._finished:
+            self._finished.wait(timeout)
+
     def wait_empty(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -357,6 +406,18 @@ class DatabaseStore:
             )
         for thread in self._threads:
             thread.start()
+        if self.workers:
+            try:
+                self.transaction(self._worker_up, deadline=self.dispatch_timeout)
+            except Exception:  # noqa: BLE001 - only stats read the row; the heartbeat writes it later
+                logger.warning("could not list this worker in %s_workers; the heartbeat tries again", self.table)
+
+    def _worker_up(self, cursor: Any) -> None:
+        cursor.execute(self._sql["WORKER_DOWN"], (self.owner,))
+        cursor.execute(
+            self._sql["WORKER_UP"],
+            (self.owner, self.queue, socket.gethostname()[:255], os.getpid(), self.workers, self.lease),
+        )
 
     def close(self) -> None:
         self._closed.set()
@@ -381,6 +442,11 @@ class DatabaseStore:
                 self._fenced("PARK", (item.attempt, 0.0, item.id, item.lease), item, deadline=5.0)
         with self._want:
             self._buffered = 0
+        if self.workers:
+            try:
+                self.run(lambda cursor: cursor.execute(self._sql["WORKER_DOWN"], (self.owner,)), deadline=5.0)
+            except Exception:  # the row lapses with its heartbeat anyway
+                logger.debug("could not remove this worker from %s_workers", self.table, exc_info=True)
         self._close_connections()
 
     def _close_connections(self) -> None:
@@ -420,6 +486,10 @@ class DatabaseStore:
                     marks = ", ".join([self.dialect.placeholder] * len(chunk))
                     cursor.execute(self._sql["COMPLETE_MANY"].replace("{ids}", marks), (lease, *chunk))
                     deleted += int(cursor.rowcount)
+            if deleted:
+                # Counted with the deletes they record, for "done in the last minute".
+                count = self._sql["COUNT_DONE_MYSQL" if self.dialect is MYSQL else "COUNT_DONE"]
+                cursor.execute(count, (self.queue, int(time.time()), deleted))
             return deleted
 
         try:
@@ -464,14 +534,23 @@ class DatabaseStore:
                     next_recovery = time.monotonic() + recovery_interval
                 if want <= 0:
                     continue
-                claimed = self._claim_batch(want)
+                with self._want:
+                    self._claiming += 1
+                    self._claims_begun += 1
+                try:
+                    claimed = self._claim_batch(want)
+                except BaseException:
+                    with self._want:
+                        self._claiming -= 1
+                    raise
             except Exception:
                 logger.exception("claiming jobs from the %s database failed; trying again", self.dialect.name)
                 self._closed.wait(self.poll_interval)
                 continue
+            with self._want:
+                self._claiming -= 1
+                self._buffered += len(claimed)
             if claimed:
-                with self._want:
-                    self._buffered += len(claimed)
                 for envelope in claimed:
                     self._ready.put(envelope)
                 continue
@@ -543,6 +622,12 @@ class DatabaseStore:
     def _recover_expired(self) -> None:
         """Rows whose worker died: back to the queue with that run spent, or dead if it was the last."""
 
+        def housekeeping(cursor: Any) -> None:
+            # For stats: dead workers' rows, and done counts older than an hour.
+            # Autocommitted, each on its own, so that they hold no lock across others.
+            cursor.execute(self._sql["WORKERS_PRUNE"])
+            cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - 3600))
+
         def recover(cursor: Any) -> list[tuple[Envelope, str | None]]:
             cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))
             outcomes: list[tuple[Envelope, str | None]] = []
@@ -561,6 +646,7 @@ class DatabaseStore:
                     outcomes.append((envelope, None))
             return outcomes
 
+        self.run(housekeeping)
         for envelope, error in self.transaction(recover):
             if error is None:
                 logger.warning(
@@ -583,6 +669,10 @@ class DatabaseStore:
 
         def renew(cursor: Any) -> None:
             cursor.execute(self._sql["RENEW"], (self.lease, self.owner))
+            if self.workers:
+                cursor.execute(self._sql["WORKER_BEAT"], (self.owner,))
+                if not cursor.rowcount:  # pruned while this process stalled: list it again
+                    self._worker_up(cursor)
 
         while not self._closed.wait(interval):
             try:

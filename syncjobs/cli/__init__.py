@@ -1,0 +1,187 @@
+"""The ``syncjobs`` command (also ``python -m syncjobs``): workers, schema, stats, dead letters, demo."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .. import __version__
+from ..demo import run_demo
+from . import inspect, logs, worker
+from .target import URL_VARIABLE, CommandError, one_line
+
+EPILOG = f"""\
+A queue is found from --url (or ${URL_VARIABLE}): sqlite:///path/jobs.db,
+postgresql://user@host/db or mysql://user@host/db; or from an APP, the
+'package.module:attr' path of the app's queue (or of a function returning it).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="syncjobs",
+        description="Background jobs for synchronous Python: run workers and see what the queue is doing.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"syncjobs {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser(
+        "worker",
+        parents=[_target(app_positional=True), _logging()],
+        help="run workers until SIGTERM or SIGINT",
+        description="Take jobs from the queue and run them until told to stop. The first SIGTERM or "
+        "SIGINT stops claiming and gives running jobs --grace seconds; what still runs then is "
+        "cancelled and handed back to the queue. A second signal hands them back at once. Prints one "
+        "'syncjobs worker ready' line when it is taking work; exits 0 after a clean stop.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    run.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE and run the job classes it (or its submodules) defines; repeatable",
+    )
+    worker.add_arguments(run)
+    run.set_defaults(handler=worker.run)
+
+    migrate = commands.add_parser(
+        "migrate",
+        parents=[_target(), _logging()],
+        help="create or upgrade the queue's tables",
+        description="Create the tables, or upgrade them to this release's schema. Idempotent, and safe "
+        "to run from many processes at once.",
+    )
+    migrate.add_argument("--sql", action="store_true", help="print the DDL instead of running it")
+    migrate.set_defaults(handler=inspect.migrate)
+
+    stats = commands.add_parser(
+        "stats",
+        parents=[_target(), _logging()],
+        help="counts by queue and state, and the live workers",
+        description="Per queue: jobs queued (ready now), running, parked (delayed or waiting to retry) "
+        "and dead; how long the oldest ready job has waited; jobs done in the last minute. Then the "
+        "live worker processes with their heartbeats.",
+    )
+    stats.add_argument("--json", action="store_true", help="one JSON object, for machines")
+    stats.add_argument(
+        "--watch",
+        nargs="?",
+        type=_interval,
+        const=2.0,
+        metavar="SECONDS",
+        help="refresh every SECONDS (default 2) until Ctrl-C",
+    )
+    stats.set_defaults(handler=inspect.stats)
+
+    dead = commands.add_parser(
+        "dead",
+        help="list, show, retry and purge dead letters",
+        description="Dead letters are jobs that will not run again: a Fatal error, or out of attempts.",
+    )
+    actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser(
+        "list", parents=[_target(), _logging(), _queue_filter()], help="the dead letters, oldest first"
+    )
+    listing.add_argument("--limit", type=worker.positive_int, default=100, help="at most this many (default 100)")
+    listing.add_argument("--json", action="store_true", help="one JSON object per line")
+    show = actions.add_parser(
+        "show", parents=[_target(), _logging(), _queue_filter()], help="one dead letter, with its payload"
+    )
+    show.add_argument("id", help="the job id")
+    retry = actions.add_parser(
+        "retry",
+        parents=[_target(), _logging(), _queue_filter()],
+        help="queue dead letters again with fresh attempts",
+    )
+    retry.add_argument("ids", nargs="*", metavar="ID", help="job ids to retry")
+    retry.add_argument("--all", action="store_true", help="retry every dead letter (of --queue, if given)")
+    purge = actions.add_parser("purge", parents=[_target(), _logging(), _queue_filter()], help="delete dead letters")
+    purge.add_argument(
+        "--older-than", metavar="DURATION", help="only those dead at least this long: 90s, 15m, 12h, 7d, 2w"
+    )
+    dead.set_defaults(handler=inspect.dead)
+
+    demo = commands.add_parser(
+        "demo",
+        parents=[_logging(default="WARNING")],
+        help="run a few hundred mixed jobs through a real worker pool, then print the stats",
+        description="Runs a few hundred jobs of several kinds (some retried, one dead-lettered) through a "
+        "real worker pool with a live progress bar, on SQLite in a temporary file unless --url names a "
+        "database, then prints the stats table. Ctrl-C shuts down gracefully.",
+    )
+    demo.add_argument("--url", help="a database (or memory://) to run on instead of a temporary SQLite file")
+    demo.add_argument("--jobs", type=worker.positive_int, default=300, help="how many jobs to dispatch (default 300)")
+    demo.add_argument("--workers", type=worker.positive_int, default=4, help="worker threads (default 4)")
+    demo.add_argument(
+        "--grace", type=worker.seconds, default=2.0, help="seconds running jobs get at shutdown (default 2)"
+    )
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def _target(*, app_positional: bool = False) -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    if app_positional:
+        common.add_argument("app", nargs="?", metavar="APP", help="the app's queue: 'package.module:attr'")
+    else:
+        common.add_argument("--app", metavar="APP", help="the app's queue, 'package.module:attr', instead of --url")
+    common.add_argument("--url", help=f"the queue's database (default: ${URL_VARIABLE})")
+    common.add_argument("--table", help="the jobs table, with --url (default syncjobs_jobs)")
+    return common
+
+
+def _queue_filter() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--queue", help="only this queue's dead letters (default: every queue)")
+    return common
+
+
+def _logging(default: str = "INFO") -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        default=default,
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help=f"log this level and above to stderr (default {default}); DEBUG also shows tracebacks of errors",
+    )
+    common.add_argument(
+        "--log-format", default="text", choices=("text", "json"), help="text for people, json lines for log shippers"
+    )
+    return common
+
+
+def _interval(text: str) -> float:
+    value = worker.seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be more than 0 seconds")
+    return value
+
+
+def _demo(args: argparse.Namespace) -> int:
+    return run_demo(url=args.url, jobs=args.jobs, workers=args.workers, grace=args.grace, log_level=args.log_level)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command != "demo":  # the demo prints warnings its own way, around its progress bar
+        logs.configure(args.log_level, args.log_format)
+    try:
+        code: int = args.handler(args)
+        return code
+    except CommandError as exc:
+        logging.getLogger("syncjobs").debug("the command failed", exc_info=True)
+        sys.stderr.write(f"syncjobs {args.command}: error: {exc}\n")
+        return 1
+    except Exception as exc:  # one clear line unless DEBUG asks for the traceback
+        if args.log_level == "DEBUG":
+            raise
+        sys.stderr.write(f"syncjobs {args.command}: error: {one_line(exc)} (--log-level DEBUG shows the traceback)\n")
+        return 1

@@ -1,0 +1,221 @@
+"""``syncjobs migrate``, ``stats`` and ``dead``: the table, as an operator sees it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import TextIO
+
+from ..database.admin import DeadRow, Stats, TableAdmin
+from ..errors import QueueError
+from .table import human_seconds, parse_duration, render
+from .target import DEFAULT_TABLE, CommandError, check_reachable, database_url, load_app
+
+
+def open_admin(args: argparse.Namespace) -> TableAdmin:
+    if args.app and args.url:
+        raise CommandError("give an APP or --url, not both (the APP's queue knows its URL)")
+    if args.app:
+        queue = load_app(args.app)
+        url, table = queue.url, queue.table
+    else:
+        url, table = database_url(args.url), args.table or DEFAULT_TABLE
+    check_reachable(url)
+    try:
+        return TableAdmin.connect(url, table=table)
+    except QueueError as exc:
+        raise CommandError(str(exc)) from exc
+
+
+# -- migrate -------------------------------------------------------------------------
+
+
+def migrate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    admin = open_admin(args)
+    try:
+        if args.sql:
+            for statement in admin.ddl():
+                out.write(f"{statement.strip()};\n")
+            return 0
+        found = admin.migrate()
+        after = admin.schema_version()
+    finally:
+        admin.close()
+    where = f"table {admin.table}"
+    if found == after:
+        out.write(f"{where}: already at schema version {after}, nothing to do\n")
+    elif found is None:
+        out.write(f"{where}: created, schema version {after}\n")
+    else:
+        out.write(f"{where}: upgraded from schema version {found} to {after}\n")
+    return 0
+
+
+# -- stats ---------------------------------------------------------------------------
+
+
+def stats(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    admin = open_admin(args)
+    try:
+        if args.watch is None:
+            print_stats(admin.stats(), args.json, out)
+            return 0
+        live = out.isatty()
+        try:
+            while True:
+                snapshot = admin.stats()
+                if live:
+                    out.write("\033[H\033[2J")  # redraw in place
+                else:
+                    out.write(f"-- {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+                print_stats(snapshot, args.json, out)
+                if live:
+                    out.write(f"\nevery {args.watch:g}s; Ctrl-C to stop\n")
+                out.flush()
+                time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+    finally:
+        admin.close()
+
+
+def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str | None = None) -> None:
+    if only_queue is not None:
+        snapshot = Stats(
+            [q for q in snapshot.queues if q.queue == only_queue],
+            [w for w in snapshot.workers if w.queue == only_queue],
+        )
+    if as_json:
+        out.write(json.dumps(snapshot.to_dict()) + "\n")
+        return
+    if snapshot.queues:
+        rows = [
+            (
+                q.queue,
+                q.queued,
+                q.running,
+                q.parked,
+                q.dead,
+                human_seconds(q.oldest_queued_age),
+                q.done_last_minute,
+            )
+            for q in snapshot.queues
+        ]
+        out.write(
+            render(
+                ("QUEUE", "QUEUED", "RUNNING", "PARKED", "DEAD", "OLDEST QUEUED", "DONE LAST MIN"),
+                rows,
+                numeric=(1, 2, 3, 4, 5, 6),
+            )
+        )
+    else:
+        out.write("no jobs\n")
+    out.write(f"\n{len(snapshot.workers)} live worker process(es)\n")
+    if snapshot.workers:
+        workers = [
+            (w.host, w.pid, w.queue, w.threads, human_seconds(w.up_seconds), f"{human_seconds(w.heartbeat_age)} ago")
+            for w in snapshot.workers
+        ]
+        out.write(render(("HOST", "PID", "QUEUE", "THREADS", "UP", "HEARTBEAT"), workers, numeric=(1, 3)))
+
+
+# -- dead letters ----------------------------------------------------------------------
+
+
+def dead(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    admin = open_admin(args)
+    try:
+        if args.action == "list":
+            return _dead_list(admin, args, out)
+        if args.action == "show":
+            row = admin.dead_letter(args.id, queue=args.queue)
+            if row is None:
+                raise CommandError(f"no dead letter with id {args.id!r}")
+            _dead_show(row, out)
+            return 0
+        if args.action == "retry":
+            return _dead_retry(admin, args, out)
+        older = parse_duration(args.older_than) if args.older_than else 0.0
+        purged = admin.purge(older_than=older, queue=args.queue)
+        out.write(
+            f"purged {purged} dead letter(s)" + (f" older than {args.older_than}" if args.older_than else "") + "\n"
+        )
+        return 0
+    finally:
+        admin.close()
+
+
+def _dead_list(admin: TableAdmin, args: argparse.Namespace, out: TextIO) -> int:
+    rows = admin.dead_letters(queue=args.queue, limit=args.limit)
+    if args.json:
+        for row in rows:
+            out.write(json.dumps(_dead_fields(row)) + "\n")
+        return 0
+    if not rows:
+        out.write("no dead letters\n")
+        return 0
+    table = [
+        (row.id, row.queue, row.name, row.attempts, f"{human_seconds(row.age)} ago", _clip(row.error, 70))
+        for row in rows
+    ]
+    out.write(render(("ID", "QUEUE", "NAME", "ATTEMPTS", "DIED", "ERROR"), table, numeric=(3,)))
+    if len(rows) == args.limit:
+        out.write(f"(the first {args.limit}; --limit for more)\n")
+    return 0
+
+
+def _dead_show(row: DeadRow, out: TextIO) -> None:
+    try:
+        payload = json.dumps(json.loads(row.payload), indent=2, sort_keys=True)
+    except ValueError:
+        payload = row.payload
+    fields = _dead_fields(row)
+    for key in ("id", "queue", "name", "attempts", "max_attempts"):
+        out.write(f"{key + ':':14}{fields[key]}\n")
+    out.write(
+        f"{'created:':14}{_when(row.created_at)}\n{'died:':14}{_when(row.finished_at)} ({human_seconds(row.age)} ago)\n"
+    )
+    out.write(f"{'error:':14}{row.error}\n")
+    if row.context:
+        out.write(f"{'context:':14}{row.context}\n")
+    out.write("payload:\n" + "\n".join(f"  {line}" for line in payload.splitlines()) + "\n")
+
+
+def _dead_retry(admin: TableAdmin, args: argparse.Namespace, out: TextIO) -> int:
+    if args.all:
+        if args.ids:
+            raise CommandError("give dead letter ids or --all, not both")
+        count = admin.retry_all(queue=args.queue)
+        out.write(f"queued {count} dead letter(s) again with fresh attempts\n")
+        return 0
+    if not args.ids:
+        raise CommandError("name the dead letters to retry (ids from `syncjobs dead list`), or --all")
+    retried = set(admin.retry(args.ids, queue=args.queue))
+    for job_id in args.ids:
+        out.write(f"{job_id}: queued again\n" if job_id in retried else f"{job_id}: no such dead letter\n")
+    return 0 if len(retried) == len(set(args.ids)) else 1
+
+
+def _dead_fields(row: DeadRow) -> dict[str, object]:
+    return {
+        "id": row.id,
+        "queue": row.queue,
+        "name": row.name,
+        "attempts": row.attempts,
+        "max_attempts": row.max_attempts,
+        "error": row.error,
+        "created_at": row.created_at,
+        "died_at": row.finished_at,
+        "age": round(row.age, 3),
+    }
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))

@@ -1,0 +1,246 @@
+"""``syncjobs worker``: run a pool of workers until told to stop.
+
+The first SIGTERM or SIGINT stops claiming and gives running jobs the grace;
+what still runs then is cancelled and handed back. A second signal ends the
+grace at once. Signal handlers only post to a ``SimpleQueue`` (its ``put`` is
+safe in a signal handler); the main thread does the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue as stdqueue
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from ..database import DatabaseJobQueue
+from ..worker import Outcome, RunReport
+from .target import CommandError, masked, one_line, queue_for
+
+logger = logging.getLogger("syncjobs.worker")
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass(frozen=True)
+class _Event:
+    kind: str  # "signal", "max-jobs", "burst", "stopped"
+    signum: int = 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers", type=positive_int, help="worker threads per queue (default: the APP queue's, else 4)"
+    )
+    parser.add_argument(
+        "--queue",
+        dest="queues",
+        action="append",
+        metavar="NAME",
+        help="a queue to take jobs from; repeat for several, each with its own --workers threads "
+        "(default: the APP queue's, else 'default')",
+    )
+    parser.add_argument(
+        "--grace",
+        type=seconds,
+        help="seconds running jobs get to finish after the first SIGTERM/SIGINT (default: the queue's, 5)",
+    )
+    parser.add_argument(
+        "--max-jobs", type=positive_int, metavar="N", help="exit (cleanly, with the grace) after N job runs"
+    )
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="exit once nothing is ready to run (delayed jobs and retries waiting for their backoff stay queued)",
+    )
+
+
+def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    names = args.queues or [None]
+    queues = []
+    for name in dict.fromkeys(names):
+        queues.append(
+            queue_for(
+                app=args.app,
+                url=args.url,
+                imports=args.imports,
+                table=args.table,
+                workers=args.workers,
+                queue=name,
+                grace=args.grace,
+            )
+        )
+    if not any(q.registered_names() for q in queues):
+        logger.warning("no job classes are registered: every job this worker claims becomes a dead letter")
+
+    events: stdqueue.SimpleQueue[_Event] = stdqueue.SimpleQueue()
+    previous = {
+        signum: signal.signal(signum, lambda signum, _frame: events.put(_Event("signal", signum)))
+        for signum in _STOP_SIGNALS
+    }
+    try:
+        return _serve(queues, events, args, out)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _serve(
+    queues: list[DatabaseJobQueue], events: stdqueue.SimpleQueue[_Event], args: argparse.Namespace, out: TextIO
+) -> int:
+    if args.max_jobs:
+        _count_runs(queues, args.max_jobs, lambda: events.put(_Event("max-jobs")))
+    for queue in queues:
+        queue.observe_runs(_log_run)
+    started: list[DatabaseJobQueue] = []
+    try:
+        for queue in queues:
+            queue.start()
+            started.append(queue)
+    except Exception as exc:
+        for queue in started:
+            queue.shutdown(grace=0)
+        raise CommandError(f"cannot start: {one_line(exc)}") from exc
+    first = queues[0]
+    out.write(
+        f"syncjobs worker ready: pid {os.getpid()}, {first.workers} thread(s) on queue(s) "
+        f"{', '.join(repr(q.queue_name) for q in queues)} of {first.table} at {masked(first.url)}\n"
+    )
+    out.flush()
+    stop_burst = threading.Event()
+    if args.burst:
+        threading.Thread(
+            target=_watch_drained, args=(queues, stop_burst, events), name="syncjobs-burst", daemon=True
+        ).start()
+
+    event = events.get()
+    stop_burst.set()
+    grace = first.shutdown_grace
+    if event.kind == "signal":
+        logger.info(
+            "%s: stopping; running jobs get %gs (send it again to hand them back at once)",
+            signal.Signals(event.signum).name,
+            grace,
+        )
+    else:
+        logger.info("%s reached: stopping; running jobs get %gs", event.kind, grace)
+    stopper = threading.Thread(target=_shutdown, args=(queues, events), name="syncjobs-stopper")
+    stopper.start()
+    forced = 0
+    while (event := events.get()).kind != "stopped":
+        if event.kind == "signal" and not forced:
+            forced = event.signum
+            logger.warning("%s again: handing running jobs back now", signal.Signals(event.signum).name)
+            for queue in queues:
+                queue.end_grace()
+    stopper.join()
+    logger.info("stopped")
+    _exit_if_stuck(128 + forced if forced else 0)
+    return 128 + forced if forced else 0
+
+
+def _shutdown(queues: list[DatabaseJobQueue], events: stdqueue.SimpleQueue[_Event]) -> None:
+    try:
+        threads = [threading.Thread(target=queue.shutdown, name="syncjobs-shutdown") for queue in queues]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        events.put(_Event("stopped"))
+
+
+def _watch_drained(queues: list[DatabaseJobQueue], stop: threading.Event, events: stdqueue.SimpleQueue[_Event]) -> None:
+    # A look every poll interval; a job finishing here wakes it sooner.
+    interval = min(0.2, *(queue._db.poll_interval for queue in queues))
+    while not stop.is_set():
+        try:
+            if all(queue.drained() for queue in queues):
+                events.put(_Event("burst"))
+                return
+        except Exception:
+            logger.exception("checking whether the queue is empty failed; trying again")
+        queues[0]._db.wait_finished(interval)
+
+
+def _count_runs(queues: list[DatabaseJobQueue], limit: int, reached: Callable[[], None]) -> None:
+    lock = threading.Lock()
+    runs = 0
+
+    def count(_report: RunReport) -> None:
+        nonlocal runs
+        with lock:
+            runs += 1
+            if runs != limit:
+                return
+        # From the worker thread that ran the last one, before it claims again.
+        for queue in queues:
+            queue.stop_claiming()
+        reached()
+
+    for queue in queues:
+        queue.observe_runs(count)
+
+
+def _log_run(report: RunReport) -> None:
+    if report.outcome is Outcome.DONE:
+        result = "done"
+    elif report.outcome is Outcome.RETRY:
+        result = f"failed, retry in {report.retry_in:.3g}s: {report.error}"
+    elif report.outcome is Outcome.DEAD:
+        result = f"dead: {report.error}"
+    else:
+        result = f"aborted: {report.error}"
+    logger.info(
+        "job %s (%s) run %d of %d in %.1fms: %s",
+        report.name,
+        report.id,
+        report.attempt,
+        report.max_attempts,
+        report.duration * 1000,
+        result,
+        extra={
+            "job_name": report.name,
+            "job_id": report.id,
+            "attempt": report.attempt,
+            "duration": round(report.duration, 6),
+            "outcome": report.outcome.value,
+        },
+    )
+
+
+def _exit_if_stuck(code: int) -> None:
+    """A job that ignores its cancel token keeps its (non-daemon) thread: leave without it."""
+    stuck = [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    if stuck:
+        logger.warning("%d job(s) ignored cancellation; exiting without them", len(stuck))
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text!r}")
+    return value

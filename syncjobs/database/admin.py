@@ -1,0 +1,238 @@
+"""The operator's view of a jobs table: schema, stats and dead letters, across queues.
+
+What ``syncjobs migrate``, ``stats`` and ``dead`` print, and what a queue's
+own ``dead_letters()``, ``retry_dead()`` and ``purge_dead()`` run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ..envelope import DeadLetter
+from ..errors import QueueError
+from . import queries
+from .dialects import Connector, check_identifier
+from .schema import SCHEMA_VERSION, ddl, record_version
+from .store import DatabaseStore
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueCounts:
+    queue: str
+    queued: int = 0  # ready to run now
+    running: int = 0
+    parked: int = 0  # waiting for a delay or a retry's backoff
+    dead: int = 0
+    #: Seconds the longest-waiting ready job has waited since it became due.
+    oldest_queued_age: float | None = None
+    done_last_minute: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    queue: str
+    host: str
+    pid: int
+    threads: int
+    up_seconds: float
+    heartbeat_age: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    queues: list[QueueCounts]
+    workers: list[WorkerInfo]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadRow:
+    """A dead letter as the table keeps it."""
+
+    id: str
+    queue: str
+    name: str
+    attempts: int
+    max_attempts: int
+    error: str
+    payload: str
+    context: str | None
+    created_at: float
+    finished_at: float
+    #: Seconds since the job died, by the database's clock.
+    age: float
+
+    def dead_letter(self) -> DeadLetter:
+        try:
+            data = json.loads(self.payload)
+        except ValueError:
+            data = {}
+        return DeadLetter(self.id, self.name, data if isinstance(data, dict) else {}, self.attempts, self.error)
+
+
+class TableAdmin:
+    """Reads and repairs one jobs table (all its queues, or one with ``queue=``)."""
+
+    def __init__(self, store: DatabaseStore) -> None:
+        self._db = store
+        self.table = store.table
+
+    @classmethod
+    def connect(cls, url: str, *, table: str = "syncjobs_jobs", timeout: float = 5.0) -> TableAdmin:
+        """An admin of its own connections; :meth:`close` them when done."""
+        check_identifier(table, "table")
+        store = DatabaseStore(
+            Connector(url),
+            table=table,
+            queue="default",
+            lease=30.0,
+            poll_interval=1.0,
+            carry=(),
+            dispatch_timeout=timeout,
+        )
+        return cls(store)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _sql(self, template: str, queue: str | None = None) -> str:
+        dialect = self._db.dialect
+        text = dialect.sql(template, self.table)
+        return text.replace("{queue_filter}", "" if queue is None else f" AND queue = {dialect.placeholder}")
+
+    def _run(self, sql: str, params: Sequence[Any], *, rows: bool = True) -> Any:
+        def execute(cursor: Any) -> Any:
+            cursor.execute(sql, tuple(params))
+            return cursor.fetchall() if rows else int(cursor.rowcount)
+
+        return self._db.run(execute, deadline=self._db.dispatch_timeout)
+
+    # -- schema ----------------------------------------------------------------
+
+    def schema_version(self) -> int | None:
+        """The version the table is at; ``None`` when there is no table yet."""
+
+        def read(cursor: Any) -> int | None:
+            cursor.execute(self._sql(queries.SCHEMA_VERSION))
+            row = cursor.fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        try:
+            return self._db.run(read, deadline=self._db.dispatch_timeout)
+        except Exception as exc:
+            if self._db.connector.is_connection_error(exc):
+                raise
+            return None  # no such table: a database that has never seen syncjobs
+
+    def ddl(self) -> list[str]:
+        """The statements :meth:`migrate` runs, for teams that run migrations themselves."""
+        return [*ddl(self._db.dialect, self.table), *record_version(self.table)]
+
+    def migrate(self) -> int | None:
+        """Create or upgrade the tables; idempotent, safe from many processes at once.
+
+        Returns the version found before (``None``: there was no table).
+        """
+        found = self.schema_version()
+        if found is not None and found > SCHEMA_VERSION:
+            raise QueueError(
+                f"table {self.table!r} is at schema version {found}, newer than this syncjobs knows "
+                f"({SCHEMA_VERSION}): upgrade syncjobs"
+            )
+
+        def install(cursor: Any) -> None:
+            for statement in ddl(self._db.dialect, self.table):
+                cursor.execute(statement)
+            cursor.execute(self._sql(queries.SCHEMA_VERSION))
+            row = cursor.fetchone()
+            if row is None or row[0] is None or int(row[0]) < SCHEMA_VERSION:
+                for statement in record_version(self.table):
+                    cursor.execute(statement)
+
+        try:
+            self._db.transaction(install, deadline=self._db.dispatch_timeout)
+        except Exception:  # noqa: BLE001 - any error of the race; the second try raises it for real
+            # Two processes creating the tables at once: the loser's CREATE can
+            # fail on some databases even with IF NOT EXISTS. Once more settles it.
+            self._db.transaction(install, deadline=self._db.dispatch_timeout)
+        return found
+
+    # -- stats -------------------------------------------------------------------
+
+    def stats(self) -> Stats:
+        counts: dict[str, dict[str, Any]] = {}
+        for queue, state, later, count, oldest in self._run(self._sql(queries.STATS_JOBS), ()):
+            entry = counts.setdefault(str(queue), {})
+            key = "parked" if state == "queued" and int(later) else str(state)
+            if key in ("queued", "running", "parked", "dead"):
+                entry[key] = entry.get(key, 0) + int(count)
+            if oldest is not None and key == "queued":
+                entry["oldest_queued_age"] = max(0.0, float(oldest))
+        for queue, done in self._run(self._sql(queries.STATS_DONE), (int(time.time()) - 60,)):
+            counts.setdefault(str(queue), {})["done_last_minute"] = int(done or 0)
+        workers = [
+            WorkerInfo(str(id_), str(queue), str(host), int(pid), int(threads), float(up), max(0.0, float(age)))
+            for id_, queue, host, pid, threads, up, age in self._run(self._sql(queries.STATS_WORKERS), ())
+        ]
+        for worker in workers:
+            counts.setdefault(worker.queue, {})
+        return Stats([QueueCounts(queue, **counts[queue]) for queue in sorted(counts)], workers)
+
+    # -- dead letters --------------------------------------------------------------
+
+    def dead_letters(self, *, queue: str | None = None, limit: int = 100) -> list[DeadRow]:
+        """Dead letters, oldest first."""
+        sql = self._sql(queries.DEAD_LIST, queue)
+        return [_dead_row(row) for row in self._run(sql, (*_with_queue((), queue), limit))]
+
+    def dead_letter(self, job_id: str, *, queue: str | None = None) -> DeadRow | None:
+        rows = self._run(self._sql(queries.DEAD_SHOW, queue), _with_queue((job_id,), queue))
+        return _dead_row(rows[0]) if rows else None
+
+    def retry(self, job_ids: Iterable[str], *, queue: str | None = None) -> list[str]:
+        """Queue these dead letters again with fresh attempts; returns the ids that were dead letters."""
+        sql = self._sql(queries.RETRY_DEAD, queue)
+        retried = [job_id for job_id in job_ids if self._run(sql, _with_queue((job_id,), queue), rows=False)]
+        if retried:
+            self._db._kick.set()
+        return retried
+
+    def retry_all(self, *, queue: str | None = None) -> int:
+        count: int = self._run(self._sql(queries.RETRY_DEAD_ALL, queue), _with_queue((), queue), rows=False)
+        return count
+
+    def purge(self, *, older_than: float = 0.0, queue: str | None = None) -> int:
+        """Delete dead letters that died at least ``older_than`` seconds ago; returns how many."""
+        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not older_than >= 0:
+            raise ValueError(f"older_than must be seconds >= 0, got {older_than!r}")
+        sql = self._sql(queries.PURGE_DEAD, queue)
+        count: int = self._run(sql, _with_queue((float(older_than),), queue), rows=False)
+        return count
+
+
+def _with_queue(params: tuple[Any, ...], queue: str | None) -> tuple[Any, ...]:
+    return params if queue is None else (*params, queue)
+
+
+def _dead_row(row: Sequence[Any]) -> DeadRow:
+    id_, queue, name, attempt, max_attempts, error, payload, context, created, finished, now = row
+    return DeadRow(
+        str(id_),
+        str(queue),
+        str(name),
+        int(attempt),
+        int(max_attempts),
+        str(error or ""),
+        str(payload),
+        None if context is None else str(context),
+        float(created),
+        float(finished),
+        max(0.0, float(now) - float(finished)),
+    )

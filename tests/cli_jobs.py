@@ -1,0 +1,44 @@
+"""Jobs for the ``syncjobs`` command's tests, imported by the worker process with ``--import``.
+
+Each prints a line to stdout when it starts, so that a test can wait for a
+job to be running (never a fixed sleep).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import syncjobs
+
+
+def _started(what: str) -> syncjobs.RunInfo:
+    info = syncjobs.current_job()
+    assert info is not None
+    sys.stdout.write(f"started {what} {info.id} attempt {info.attempt} pid {os.getpid()}\n")
+    sys.stdout.flush()
+    return info
+
+
+@dataclasses.dataclass
+class Quick(syncjobs.Job):
+    NAME = "cli.quick"
+    n: int
+
+    def run(self) -> None:
+        if self.n < 0:
+            raise syncjobs.Fatal(f"negative n {self.n}")
+
+
+@dataclasses.dataclass
+class Sleepy(syncjobs.Job):
+    """Runs ``seconds`` unless cancelled, as a well-behaved long job does."""
+
+    NAME = "cli.sleepy"
+    seconds: float
+
+    def run(self) -> None:
+        info = _started("sleepy")
+        if info.cancelled.wait(self.seconds):
+            raise syncjobs.Cancelled()

@@ -1,0 +1,489 @@
+"""The ``syncjobs`` command, run as real subprocesses against SQLite, PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue as stdqueue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import syncjobs
+from syncjobs.database.dialects import dialect_for
+from tests.cli_jobs import Quick, Sleepy
+from tests.helpers import WAIT
+from tests.test_database import drop_tables, execute
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def table(db_url: str) -> Iterator[str]:
+    name = f"cli_{uuid.uuid4().hex[:10]}"
+    yield name
+    drop_tables(db_url, name)
+
+
+class Command:
+    """A ``syncjobs`` subprocess whose output lines are read as they come."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "syncjobs", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": ROOT, **(env or {})},
+        )
+        self.lines: stdqueue.Queue[tuple[str, str]] = stdqueue.Queue()
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, "out", self.out), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, "err", self.err), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: Any, name: str, into: list[str]) -> None:
+        for line in stream:
+            into.append(line)
+            self.lines.put((name, line))
+
+    def expect(self, pattern: str, timeout: float = WAIT) -> str:
+        """The next line (of either stream) matching ``pattern``; fails after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                _, line = self.lines.get(timeout=max(0.0, remaining))
+            except stdqueue.Empty:
+                raise AssertionError(
+                    f"no line matching {pattern!r} within {timeout}s; stdout: {self.out!r}; stderr: {self.err!r}"
+                ) from None
+            if re.search(pattern, line):
+                return line
+
+    def wait(self, timeout: float = WAIT) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        for reader in self._readers:
+            reader.join(timeout=WAIT)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.wait()
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, str, str]:
+    command = Command(*args, env=env)
+    code = command.wait(timeout)
+    return code, "".join(command.out), "".join(command.err)
+
+
+def dispatch(url: str, table: str, *jobs: syncjobs.Job, queue: str = "default", delay: float = 0) -> list[str]:
+    """Dispatch from a queue of no workers, as a web process does; the jobs' ids."""
+    producer = syncjobs.DatabaseJobQueue(url, workers=0, table=table, queue=queue)
+    producer.register(Quick)
+    producer.register(Sleepy)
+    try:
+        return producer.dispatch_many(list(jobs), delay=delay)
+    finally:
+        producer.shutdown()
+
+
+def rows(url: str, table: str) -> list[tuple[Any, ...]]:
+    return execute(url, f"SELECT name, state, attempt FROM {table} ORDER BY created_at")
+
+
+@pytest.fixture
+def started() -> Iterator[list[Command]]:
+    commands: list[Command] = []
+    yield commands
+    for command in commands:
+        command.kill()
+
+
+def worker(started: list[Command], url: str, table: str, *options: str) -> Command:
+    command = Command("worker", "--url", url, "--table", table, "--import", "tests.cli_jobs", *options)
+    started.append(command)
+    command.expect(r"^syncjobs worker ready: pid \d+")
+    return command
+
+
+# -- worker -----------------------------------------------------------------------
+
+
+def test_a_worker_runs_jobs_logs_each_outcome_and_exits_in_burst_mode(db_url: str, table: str) -> None:
+    ids = dispatch(db_url, table, *(Quick(n) for n in range(5)), Quick(-1))
+    [later] = dispatch(db_url, table, Quick(99), delay=3600)
+    code, out, err = run("worker", "--url", db_url, "--table", table, "--import", "tests.cli_jobs", "--burst")
+    assert code == 0, err
+    assert out.startswith("syncjobs worker ready: pid ")
+    for job_id in ids[:5]:
+        assert re.search(rf"job cli\.quick \({job_id}\) run 1 of 5 in [\d.]+ms: done", err), err
+    assert re.search(rf"job cli\.quick \({ids[5]}\) run 1 of 5 in [\d.]+ms: dead: fatal: negative n -1", err)
+    assert "burst reached: stopping" in err
+    assert "Traceback" not in err
+    assert '"n"' not in err  # payloads are never logged
+    # The delayed job waits for its time; the burst did not wait for it.
+    assert rows(db_url, table) == [("cli.quick", "dead", 1), ("cli.quick", "queued", 0)]
+    assert execute(db_url, f"SELECT id FROM {table} WHERE state = 'queued'") == [(later,)]
+
+
+def test_json_logs_carry_the_job_fields(db_url: str, table: str) -> None:
+    [job_id] = dispatch(db_url, table, Quick(1))
+    code, _, err = run(
+        "worker", "--url", db_url, "--table", table, "--import", "tests.cli_jobs", "--burst", "--log-format", "json"
+    )
+    assert code == 0, err
+    entries = [json.loads(line) for line in err.splitlines()]
+    outcomes = [e for e in entries if e.get("job_id") == job_id and e["logger"] == "syncjobs.worker"]
+    assert len(outcomes) == 1, err
+    done = outcomes[0]
+    assert done["outcome"] == "done"
+    assert done["job_name"] == "cli.quick"
+    assert done["attempt"] == 1
+    assert done["level"] == "INFO"
+    assert done["duration"] >= 0
+
+
+def test_sigterm_mid_job_hands_it_back_within_the_grace(db_url: str, table: str, started: list[Command]) -> None:
+    command = worker(started, db_url, table, "--grace", "1", "--workers", "2")
+    [job_id] = dispatch(db_url, table, Sleepy(120))
+    command.expect(rf"^started sleepy {job_id} attempt 0")
+    began = time.monotonic()
+    command.proc.send_signal(signal.SIGTERM)
+    assert command.wait() == 0
+    assert time.monotonic() - began < 1 + WAIT / 2  # the grace, plus a process's exit
+    err = "".join(command.err)
+    assert "SIGTERM: stopping; running jobs get 1s" in err
+    assert re.search(rf"job cli\.sleepy \({job_id}\) run 1 of 5 in [\d.]+ms: aborted: handed back at shutdown", err)
+    assert rows(db_url, table) == [("cli.sleepy", "queued", 1)]  # back in the queue, its run spent
+
+
+def test_a_second_sigterm_hands_back_at_once(db_url: str, table: str, started: list[Command]) -> None:
+    command = worker(started, db_url, table, "--grace", "300")
+    [job_id] = dispatch(db_url, table, Sleepy(300))
+    command.expect(rf"^started sleepy {job_id}")
+    command.proc.send_signal(signal.SIGTERM)
+    command.expect(r"SIGTERM: stopping; running jobs get 300s")
+    began = time.monotonic()
+    command.proc.send_signal(signal.SIGTERM)
+    assert command.wait() == 128 + signal.SIGTERM
+    assert time.monotonic() - began < WAIT  # not the 300 s grace
+    assert "SIGTERM again: handing running jobs back now" in "".join(command.err)
+    assert rows(db_url, table) == [("cli.sleepy", "queued", 1)]
+
+
+def test_max_jobs_stops_after_that_many_runs(db_url: str, table: str) -> None:
+    dispatch(db_url, table, *(Quick(n) for n in range(10)))
+    code, _, err = run(
+        "worker", "--url", db_url, "--table", table, "--import", "tests.cli_jobs", "--workers", "1", "--max-jobs", "3"
+    )
+    assert code == 0, err
+    assert "max-jobs reached: stopping" in err
+    # One worker thread: it stops claiming as its third run ends.
+    assert err.count(": done") == 3
+    assert len(rows(db_url, table)) == 7
+
+
+def test_an_app_path_names_the_queue_and_its_jobs(db_url: str, table: str, tmp_path: Any) -> None:
+    (tmp_path / "myapp.py").write_text(
+        "import os, syncjobs\n"
+        "from tests.cli_jobs import Quick\n"
+        "def make_queue():\n"
+        "    queue = syncjobs.DatabaseJobQueue(os.environ['APP_URL'], table=os.environ['APP_TABLE'], workers=3)\n"
+        "    queue.register(Quick)\n"
+        "    return queue\n"
+    )
+    dispatch(db_url, table, Quick(7), queue="mail")
+    env = {"APP_URL": db_url, "APP_TABLE": table, "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    code, out, err = run("worker", "myapp:make_queue", "--queue", "mail", "--burst", env=env)
+    assert code == 0, err
+    assert "3 thread(s) on queue(s) 'mail'" in out
+    assert ": done" in err
+    assert rows(db_url, table) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--url", "nosql://x"], r"no database backend for the URL 'nosql://x'"),
+        (["--url", "memory://"], r"memory:// holds jobs inside one process"),
+        (["--url", "sqlite:////no/such/dir/x.db", "--import", "no_such_module_here"], r"cannot import 'no_such_"),
+        (["--url", "sqlite:////no/such/dir/x.db"], r"cannot reach the sqlite database at sqlite:////no/such/dir/x.db"),
+        (["--url", "postgresql://nobody@127.0.0.1:1/x"], r"cannot reach the postgresql database at postgresql://"),
+        (["--url", "mysql://root:secret@127.0.0.1:1/x"], r"cannot reach the mysql database at mysql://root:\*\*\*@"),
+        (["tests.cli_jobs:nothing"], r"module 'tests.cli_jobs' has no attribute 'nothing'"),
+        ([], r"no queue given: pass --url URL \(or set SYNCJOBS_URL\)"),
+    ],
+)
+def test_a_startup_error_is_one_clear_line(args: list[str], message: str) -> None:
+    code, out, err = run("worker", *args, env={"SYNCJOBS_URL": ""})
+    assert code == 1
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("syncjobs worker: error: ")
+    assert re.search(message, lines[0]), lines[0]
+    assert "secret" not in err
+
+
+def test_debug_shows_the_traceback_of_a_startup_error() -> None:
+    code, _, err = run("worker", "--url", "postgresql://nobody@127.0.0.1:1/x", "--log-level", "DEBUG")
+    assert code == 1
+    assert "Traceback" in err
+    assert err.rstrip().splitlines()[-1].startswith("syncjobs worker: error: cannot reach")
+
+
+# -- migrate ------------------------------------------------------------------------
+
+
+def test_migrate_creates_then_finds_nothing_to_do_and_prints_its_sql(db_url: str, table: str) -> None:
+    code, out, err = run("migrate", "--url", db_url, "--table", table)
+    assert (code, out) == (0, f"table {table}: created, schema version 2\n"), err
+    code, out, err = run("migrate", "--url", db_url, "--table", table)
+    assert (code, out) == (0, f"table {table}: already at schema version 2, nothing to do\n"), err
+    assert execute(db_url, f"SELECT version FROM {table}_schema") == [(2,)]
+    code, out, _ = run("migrate", "--url", db_url, "--table", table, "--sql")
+    assert code == 0
+    statements = [s.strip() for s in out.split(";\n") if s.strip()]
+    assert statements[0].startswith(f"CREATE TABLE IF NOT EXISTS {table} (")
+    assert any(s.startswith(f"CREATE TABLE IF NOT EXISTS {table}_workers") for s in statements)
+    assert statements[-1] == f"INSERT INTO {table}_schema (version) VALUES (2)"
+
+
+def test_migrate_sql_runs_as_printed(db_url: str, table: str) -> None:
+    _, out, _ = run("migrate", "--url", db_url, "--table", table, "--sql")
+    for statement in out.split(";\n"):
+        if statement.strip():
+            execute(db_url, statement)
+    code, out, _ = run("migrate", "--url", db_url, "--table", table)
+    assert (code, out) == (0, f"table {table}: already at schema version 2, nothing to do\n")
+
+
+# -- stats and dead letters on a seeded table ------------------------------------------
+
+
+def seed(url: str, table: str) -> dict[str, str]:
+    """Rows in every state, a done count and a live worker, written as SQL."""
+    admin = syncjobs.DatabaseJobQueue(url, table=table, workers=0).admin
+    admin.migrate()
+    admin.close()
+    now = dialect_for(url).now
+    mark = dialect_for(url).placeholder
+    ids = {key: f"{key}-{uuid.uuid4().hex[:8]}" for key in ("ready", "ready2", "later", "running", "dead", "old_dead")}
+    insert = (
+        f"INSERT INTO {table} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at, "
+        f"error, finished_at) VALUES ({mark}, {mark}, {mark}, {mark}, {mark}, {mark}, 5, {now} + {mark}, {now}, "
+        f"{mark}, {now} - {mark})"
+    )
+    for key, queue, state, attempt, run_in, error, died in [
+        ("ready", "default", "queued", 0, -30.0, None, None),
+        ("ready2", "default", "queued", 0, -5.0, None, None),
+        ("later", "default", "queued", 1, 600.0, None, None),
+        ("running", "mail", "running", 0, 0.0, None, None),
+        ("dead", "mail", "dead", 5, 0.0, "job raised ValueError: bad address", 60.0),
+        ("old_dead", "default", "dead", 1, 0.0, "fatal: card declined", 7200.0),
+    ]:
+        execute(
+            url,
+            insert.replace(f"{now} - {mark})", "NULL)") if died is None else insert,
+            (ids[key], queue, "cli.quick", json.dumps({"n": len(key)}), state, attempt, run_in, error)
+            + (() if died is None else (died,)),
+        )
+    execute(url, f"INSERT INTO {table}_done (queue, bucket, done) VALUES ('default', {mark}, 7)", (int(time.time()),))
+    execute(
+        url,
+        f"INSERT INTO {table}_done (queue, bucket, done) VALUES ('default', {mark}, 100)",
+        (int(time.time()) - 120,),
+    )
+    execute(
+        url,
+        f"INSERT INTO {table}_workers (id, queue, host, pid, threads, lease, started_at, heartbeat_at) "
+        f"VALUES ('w1', 'mail', 'box', 4242, 8, 30, {now} - 300, {now} - 2)",
+    )
+    execute(
+        url,
+        f"INSERT INTO {table}_workers (id, queue, host, pid, threads, lease, started_at, heartbeat_at) "
+        f"VALUES ('w0', 'mail', 'gone', 1, 8, 30, {now} - 900, {now} - 600)",
+    )
+    return ids
+
+
+def test_stats_counts_by_queue_and_state_with_the_live_workers(db_url: str, table: str) -> None:
+    seed(db_url, table)
+    code, out, err = run("stats", "--url", db_url, "--table", table, "--json")
+    assert code == 0, err
+    stats = json.loads(out)
+    default, mail = stats["queues"]
+    assert default["oldest_queued_age"] == pytest.approx(30, abs=10)
+    assert {k: v for k, v in default.items() if k != "oldest_queued_age"} == {
+        "queue": "default",
+        "queued": 2,
+        "running": 0,
+        "parked": 1,
+        "dead": 1,
+        "done_last_minute": 7,
+    }
+    assert mail == {
+        "queue": "mail",
+        "queued": 0,
+        "running": 1,
+        "parked": 0,
+        "dead": 1,
+        "oldest_queued_age": None,
+        "done_last_minute": 0,
+    }
+    [live] = stats["workers"]  # the one whose heartbeat stopped ten minutes ago is not live
+    assert (live["host"], live["pid"], live["queue"], live["threads"]) == ("box", 4242, "mail", 8)
+    assert live["heartbeat_age"] == pytest.approx(2, abs=5)
+
+    code, out, _ = run("stats", "--url", db_url, "--table", table)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "QUEUE",
+        "QUEUED",
+        "RUNNING",
+        "PARKED",
+        "DEAD",
+        "OLDEST",
+        "QUEUED",
+        "DONE",
+        "LAST",
+        "MIN",
+    ]
+    assert lines[1].split()[:5] == ["default", "2", "0", "1", "1"]
+    assert lines[1].split()[-1] == "7"
+    assert lines[2].split() == ["mail", "0", "1", "0", "1", "-", "0"]
+    assert "1 live worker process(es)" in out
+    assert re.search(r"box\s+4242\s+mail\s+8\s+5m0\ds\s+[\d.]+s ago", out), out
+
+
+def test_stats_watch_refreshes_until_interrupted(db_url: str, table: str) -> None:
+    seed(db_url, table)
+    command = Command("stats", "--url", db_url, "--table", table, "--watch", "0.1")
+    try:
+        for _ in range(2):
+            command.expect(r"^-- \d{4}-\d\d-\d\d ")  # one header per refresh
+            command.expect(r"^default\s+2\s+0\s+1\s+1")
+        command.proc.send_signal(signal.SIGINT)
+        assert command.wait() == 0
+    finally:
+        command.kill()
+
+
+def test_dead_list_show_retry_and_purge(db_url: str, table: str) -> None:
+    ids = seed(db_url, table)
+    base = ("--url", db_url, "--table", table)
+    code, out, err = run("dead", "list", *base)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split() == ["ID", "QUEUE", "NAME", "ATTEMPTS", "DIED", "ERROR"]
+    # Oldest first.
+    assert lines[1].split()[:4] == [ids["old_dead"], "default", "cli.quick", "1"]
+    assert lines[1].endswith("fatal: card declined")
+    assert lines[2].split()[:4] == [ids["dead"], "mail", "cli.quick", "5"]
+    assert lines[2].endswith("job raised ValueError: bad address")
+
+    _, out, _ = run("dead", "list", *base, "--queue", "mail", "--json")
+    [entry] = [json.loads(line) for line in out.splitlines()]
+    assert (entry["id"], entry["attempts"], entry["error"]) == (ids["dead"], 5, "job raised ValueError: bad address")
+    assert "payload" not in entry
+
+    code, out, _ = run("dead", "show", ids["dead"], *base)
+    assert code == 0
+    assert f"id:           {ids['dead']}" in out
+    assert "error:        job raised ValueError: bad address" in out
+    assert 'payload:\n  {\n    "n": 4\n  }' in out
+    code, _, err = run("dead", "show", ids["ready"], *base)  # not a dead letter
+    assert code == 1
+    assert f"no dead letter with id {ids['ready']!r}" in err
+
+    code, out, _ = run("dead", "retry", ids["dead"], "no-such-id", *base)
+    assert code == 1
+    assert out.splitlines() == [f"{ids['dead']}: queued again", "no-such-id: no such dead letter"]
+    assert execute(db_url, f"SELECT state, attempt, error FROM {table} WHERE id = '{ids['dead']}'") == [
+        ("queued", 0, None)
+    ]
+
+    code, out, _ = run("dead", "purge", *base, "--older-than", "1h")
+    assert (code, out) == (0, "purged 1 dead letter(s) older than 1h\n")
+    assert execute(db_url, f"SELECT COUNT(*) FROM {table} WHERE state = 'dead'") == [(0,)]
+    code, out, _ = run("dead", "list", *base)
+    assert (code, out) == (0, "no dead letters\n")
+
+
+def test_dead_retry_all_requeues_every_dead_letter_of_a_queue(db_url: str, table: str) -> None:
+    ids = seed(db_url, table)
+    base = ("--url", db_url, "--table", table)
+    code, out, _ = run("dead", "retry", "--all", "--queue", "mail", *base)
+    assert (code, out) == (0, "queued 1 dead letter(s) again with fresh attempts\n")
+    assert execute(db_url, f"SELECT id FROM {table} WHERE state = 'dead'") == [(ids["old_dead"],)]
+    code, out, _ = run("dead", "retry", "--all", *base)
+    assert (code, out) == (0, "queued 1 dead letter(s) again with fresh attempts\n")
+    code, _, err = run("dead", "retry", *base)
+    assert code == 1
+    assert "name the dead letters to retry" in err
+
+
+def test_a_bad_duration_is_refused(db_url: str, table: str) -> None:
+    code, _, err = run("dead", "purge", "--url", db_url, "--table", table, "--older-than", "soon")
+    assert code == 1
+    assert "'soon' is not a duration" in err
+
+
+# -- demo and help ------------------------------------------------------------------------
+
+
+def test_demo_on_a_database_url_prints_its_summary_and_stats(db_url: str) -> None:
+    code, out, err = run("demo", "--url", db_url, "--jobs", "60", timeout=60)
+    assert code == 0, err
+    assert "summary: 59 done, 1 dead, 0 pending" in out
+    stats = out[out.index("$ syncjobs stats") :].splitlines()
+    assert stats[1].startswith("QUEUE")
+    assert stats[2].split()[1:5] == ["0", "0", "0", "1"]  # queued, running, parked, dead
+    assert stats[2].split()[-1] == "59"  # done in the last minute
+
+
+def test_help_explains_every_command_and_version_prints() -> None:
+    code, out, _ = run("--help")
+    assert code == 0
+    for command in ("worker", "migrate", "stats", "dead", "demo"):
+        assert command in out
+    code, out, _ = run("worker", "--help")
+    assert code == 0
+    for option in (
+        "--import",
+        "--workers",
+        "--queue",
+        "--grace",
+        "--log-level",
+        "--log-format",
+        "--max-jobs",
+        "--burst",
+    ):
+        assert option in out
+    code, out, _ = run("--version")
+    assert (code, out) == (0, f"syncjobs {syncjobs.__version__}\n")
