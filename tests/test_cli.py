@@ -171,6 +171,12 @@ def test_sigterm_mid_job_hands_it_back_within_the_grace(db_url: str, table: str,
     command = worker(started, db_url, table, "--grace", "1", "--workers", "2")
     [job_id] = dispatch(db_url, table, Sleepy(120))
     command.expect(rf"^started sleepy {job_id} attempt 0")
+    # While it runs, stats (finding the database through $SYNCJOBS_URL) shows it.
+    code, out, err = run("stats", "--table", table, "--json", env={"SYNCJOBS_URL": db_url})
+    assert code == 0, err
+    stats = json.loads(out)
+    assert [(q["queue"], q["running"]) for q in stats["queues"]] == [("default", 1)]
+    assert [(w["pid"], w["threads"]) for w in stats["workers"]] == [(command.proc.pid, 2)]
     began = time.monotonic()
     command.proc.send_signal(signal.SIGTERM)
     assert command.wait() == 0
