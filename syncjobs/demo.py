@@ -182,10 +182,11 @@ def run_demo(
     workers: int = 4,
     grace: float = 2.0,
     seed: int = 7,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     log_level: str = "WARNING",
 ) -> int:
     """Run the demo; returns the process exit code (0 when every job ended as expected)."""
+    out = out or sys.stdout
     with contextlib.ExitStack() as cleanup:
         where = url
         if url is None:

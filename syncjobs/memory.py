@@ -13,9 +13,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 from .envelope import Envelope
+from .exit_hooks import before_threads_join
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from .timers import TimerHeap
 
@@ -73,6 +73,14 @@ class MemoryStore:
     def pending(self) -> int:
         return self._pending
 
+    def drained(self) -> bool:
+        # Only parked jobs (a delay, a retry's backoff) left.
+        return self._pending == len(self.timers.entries())
+
+    def wait_finished(self, timeout: float) -> None:
+        with self._idle:
+            self._idle.wait(timeout)
+
     def wait_empty(self, timeout: float | None) -> bool:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
@@ -86,8 +94,7 @@ class MemoryStore:
     def _finish(self) -> None:
         with self._lock:
             self._pending -= 1
-            if self._pending == 0:
-                self._idle.notify_all()
+            self._idle.notify_all()  # wait_empty() checks for zero; wait_finished() wants every finish
 
 
 class InMemoryJobQueue(StoreQueue):
@@ -153,19 +160,8 @@ def _watch_at_exit(queue: InMemoryJobQueue) -> None:
     with _exit_watch.lock:
         if _exit_watch.registered:
             return
-        # threading's own exit hook (what concurrent.futures uses since
-        # bpo-39812) runs before non-daemon threads are joined: stopping the
-        # workers there is what lets the interpreter exit at all.  A plain
-        # atexit handler would run only after that join, which never ends.
-        # The hooks run last-registered first, and worker.py imports
-        # concurrent.futures.thread (which registers its joining hook) before
-        # any queue exists, so this one always runs before that join.
-        register: Any = getattr(threading, "_register_atexit", None)
-        if register is None:
-            return
-        try:
-            register(_exit_interpreter)
-        except RuntimeError:  # the interpreter is already shutting down
+        # Stopped before the interpreter joins their (non-daemon) threads.
+        if not before_threads_join(_exit_interpreter):
             return
         _exit_watch.registered = True
 

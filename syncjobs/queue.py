@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import datetime
 import math
 import threading
@@ -21,7 +22,7 @@ from .ids import new_job_id
 from .job import Job
 from .payload import encode
 from .registry import Registry
-from .worker import RunObserver, Store, WorkerPool
+from .worker import RunObserver, RunWrapper, Store, WorkerPool
 
 #: Seconds running jobs get at ``shutdown()`` before they are asked to cancel.
 DEFAULT_SHUTDOWN_GRACE = 5.0
@@ -30,6 +31,15 @@ J = TypeVar("J", bound=type[Job])
 C = TypeVar("C", bound=DeadLetterCallback)
 
 Delay = float | datetime.timedelta | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A checked job with its id, not yet enqueued: ``submit()`` does that, once."""
+
+    id: str
+    name: str
+    submit: Callable[[], None]
 
 
 @runtime_checkable
@@ -64,6 +74,10 @@ class QueueStore(Store, Protocol):
 
     def pending(self) -> int: ...
 
+    def drained(self) -> bool: ...
+
+    def wait_finished(self, timeout: float) -> None: ...
+
     def wait_empty(self, timeout: float | None) -> bool: ...
 
     def open(self) -> None: ...
@@ -95,11 +109,12 @@ class StoreQueue:
         self._lifecycle = threading.RLock()
 
     def _share_jobs_of(self, other: StoreQueue) -> None:
-        """Run ``other``'s job classes and call its dead-letter callbacks, as one registry."""
+        """Run ``other``'s job classes, inside its run wrappers, and call its dead-letter callbacks."""
         if self._pool.started:
             raise QueueError("a started queue cannot take another's jobs")
         self._registry = self._pool._registry = other._registry
         self._dead_letters = self._pool._dead_letters = other._dead_letters
+        self._pool._wrappers = other._pool._wrappers
 
     def register(self, job_cls: J) -> J:
         """Make ``job_cls`` runnable by this queue; usable as a class decorator."""
@@ -111,9 +126,22 @@ class StoreQueue:
 
     def dispatch(self, job: Job, *, delay: Delay = None) -> str:
         """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``."""
+        prepared = self.prepare(job, delay=delay)
+        prepared.submit()
+        return prepared.id
+
+    def prepare(self, job: Job, *, delay: Delay = None) -> Prepared:
+        """Check ``job`` now and give it its id; ``submit()`` enqueues it later (say, on commit).
+
+        Every check ``dispatch()`` makes happens here, where the mistake is.
+        """
         envelope = new_envelope(self._registry, job)
-        self._store.put(envelope, delay_seconds(envelope.name, delay))
-        return envelope.id
+        seconds = delay_seconds(envelope.name, delay)
+        self._check_envelope(envelope)
+        return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds))
+
+    def _check_envelope(self, envelope: Envelope) -> None:
+        """What a backend refuses beyond the common checks; nothing here."""
 
     def start(self) -> None:
         """Spawn the workers; a no-op while they run, a fresh set after ``shutdown()``."""
@@ -141,9 +169,29 @@ class StoreQueue:
         """
         self._pool.end_grace()
 
+    def wrap_runs(self, wrapper: RunWrapper) -> None:
+        """Enter ``wrapper()`` (a context manager) around every run, in the worker thread.
+
+        What integrations use to run jobs inside a Flask app context, or between
+        Django's connection housekeeping.
+        """
+        self._pool.wrap(wrapper)
+
     def observe_runs(self, observer: RunObserver) -> None:
         """Call ``observer(report)`` after every run (a :class:`RunReport`), on the worker's thread."""
         self._pool.observe(observer)
+
+    def drained(self) -> bool:
+        """Nothing on this queue is ready to run and none of its jobs runs here.
+
+        Jobs delayed or waiting for a retry's backoff do not count: what
+        ``syncjobs worker --burst`` waits for before it exits.
+        """
+        return self._store.drained()
+
+    def wait_finished(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for one of this process's runs to finish."""
+        self._store.wait_finished(timeout)
 
     def pending_count(self) -> int:
         """Jobs not yet finished: queued, running and parked for a retry or a delay."""

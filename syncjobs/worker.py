@@ -9,6 +9,7 @@ retries, dead letters and shutdown, lives here.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see memory._watch_at_exit
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from .context import RunInfo, reset_current, set_current
@@ -82,6 +84,8 @@ class RunReport:
 
 
 RunObserver = Callable[[RunReport], object]
+#: Called before each run; the context manager it returns is entered around the run.
+RunWrapper = Callable[[], AbstractContextManager[object]]
 
 
 class _Run:
@@ -140,6 +144,7 @@ class WorkerPool:
         self._running: set[_Run] = set()
         self._generation: _Generation | None = None
         self._observers: list[RunObserver] = []
+        self._wrappers: list[RunWrapper] = []
         # end_grace(): set to cut a shutdown's grace short; _shutdown_wake
         # wakes the shutdown that waits out the grace.
         self._grace_cut = threading.Event()
@@ -161,6 +166,10 @@ class WorkerPool:
                 return
             generation.stopping.set()
         self._store.wake(len(generation.workers))
+
+    def wrap(self, wrapper: RunWrapper) -> None:
+        """Enter ``wrapper()`` around every run, in the worker thread and the job's context."""
+        self._wrappers.append(wrapper)
 
     def end_grace(self) -> None:
         """Cut a shutdown's grace short (now, or when it starts): running jobs are handed back at once."""
@@ -298,7 +307,7 @@ class WorkerPool:
         except BaseException as exc:  # noqa: BLE001 - whatever from_payload raises, the job cannot run
             return Outcome.DEAD, f"cannot be run: payload does not fit {envelope.name!r}: {_describe(exc)}", None, exc
         try:
-            run.context.run(_invoke, job, run.info)
+            run.context.run(_invoke, job, run.info, self._wrappers)
         except Cancelled:
             return Outcome.ABORTED, "cancelled", job, None
         except Fatal as exc:
@@ -383,10 +392,13 @@ class WorkerPool:
         self._dead_letters.emit(dead, envelope.context, exc)
 
 
-def _invoke(job: Job, info: RunInfo) -> None:
+def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> None:
     token = set_current(info)
     try:
-        job.run()
+        with contextlib.ExitStack() as around:
+            for wrapper in wrappers:
+                around.enter_context(wrapper())
+            job.run()
     finally:
         reset_current(token)
 

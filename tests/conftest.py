@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import uuid
@@ -13,6 +14,25 @@ from syncjobs.database.dialects import Connector
 from tests.helpers import PROBES, FakeClock, OnceJob, ProbeJob, ThreeTimesJob, request_id
 
 QueueFactory = Callable[..., Any]
+
+
+def _django_ready() -> bool:
+    try:
+        import django
+    except ImportError:
+        return False
+    return (
+        django.VERSION >= (6, 0)
+        and importlib.util.find_spec("pytest_django") is not None
+        and os.environ.get("DJANGO_SETTINGS_MODULE") == "tests.django_project.settings"
+    )
+
+
+# The framework integrations' tests need their framework: `tox -e django`
+# and `tox -e flask` install it (and CI runs both); elsewhere they are left out.
+collect_ignore = [] if _django_ready() else ["django_project"]
+if importlib.util.find_spec("flask") is None:
+    collect_ignore.append("test_flask.py")
 
 #: The servers the database tests use; this machine runs both. Override with
 #: SYNCJOBS_TEST_POSTGRES / SYNCJOBS_TEST_MYSQL.

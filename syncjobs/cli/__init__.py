@@ -145,16 +145,7 @@ def _queue_filter() -> argparse.ArgumentParser:
 
 def _logging(default: str = "INFO") -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--log-level",
-        default=default,
-        type=str.upper,
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help=f"log this level and above to stderr (default {default}); DEBUG also shows tracebacks of errors",
-    )
-    common.add_argument(
-        "--log-format", default="text", choices=("text", "json"), help="text for people, json lines for log shippers"
-    )
+    logs.add_arguments(common, default)
     return common
 
 

@@ -32,7 +32,8 @@ def open_admin(args: argparse.Namespace) -> TableAdmin:
 # -- migrate -------------------------------------------------------------------------
 
 
-def migrate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def migrate(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up per call: a test runner may have replaced it
     admin = open_admin(args)
     try:
         if args.sql:
@@ -56,7 +57,8 @@ def migrate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 # -- stats ---------------------------------------------------------------------------
 
 
-def stats(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def stats(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     admin = open_admin(args)
     try:
         if args.watch is None:
@@ -124,7 +126,8 @@ def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str 
 # -- dead letters ----------------------------------------------------------------------
 
 
-def dead(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def dead(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
     admin = open_admin(args)
     try:
         if args.action == "list":

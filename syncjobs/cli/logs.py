@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 #: Extras syncjobs puts on its records, carried into JSON lines as fields.
@@ -52,17 +54,46 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def configure(level: str, fmt: str, stream: TextIO | None = None) -> None:
-    """Send every record at ``level`` and above to stderr, as text or JSON lines."""
+def configure(
+    level: str, fmt: str, stream: TextIO | None = None, logger: logging.Logger | None = None
+) -> Callable[[], None]:
+    """Send records at ``level`` and above to stderr, as text or JSON lines; returns an undo.
+
+    Every logger's, or with ``logger`` only that one's (then not propagated:
+    a framework's own logging keeps the rest). Commands that run inside a
+    framework's process (``manage.py``, ``flask``) undo it when they end.
+    """
     stream = sys.stderr if stream is None else stream
     handler = logging.StreamHandler(stream)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(TextFormatter(colour=use_colour(stream)))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    target = logging.getLogger() if logger is None else logger
+    saved = (target.handlers[:], target.level, target.propagate)
+
+    def undo() -> None:
+        target.handlers[:], target.level, target.propagate = saved
+
+    target.handlers[:] = [handler]
+    target.setLevel(level)
+    if logger is not None:
+        logger.propagate = False
+    return undo
+
+
+def add_arguments(parser: argparse.ArgumentParser, default: str = "INFO") -> None:
+    """``--log-level`` and ``--log-format``, the same wherever a syncjobs command runs."""
+    parser.add_argument(
+        "--log-level",
+        default=default,
+        type=str.upper,
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help=f"log this level and above to stderr (default {default}); DEBUG also shows tracebacks of errors",
+    )
+    parser.add_argument(
+        "--log-format", default="text", choices=("text", "json"), help="text for people, json lines for log shippers"
+    )
 
 
 def use_colour(stream: TextIO) -> bool:

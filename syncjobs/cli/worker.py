@@ -15,11 +15,13 @@ import queue as stdqueue
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
 from ..database import DatabaseJobQueue
+from ..exit_hooks import before_threads_join
+from ..queue import StoreQueue
 from ..worker import Outcome, RunReport
 from .target import CommandError, masked, one_line, queue_for
 
@@ -30,8 +32,9 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 @dataclass(frozen=True)
 class _Event:
-    kind: str  # "signal", "max-jobs", "burst", "stopped"
+    kind: str  # "signal", "max-jobs", "burst", "exit", "stopped"
     signum: int = 0
+    done: threading.Event | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     names = args.queues or [None]
     queues = []
     for name in dict.fromkeys(names):
@@ -76,29 +79,97 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
                 grace=args.grace,
             )
         )
+    code = serve(queues, max_jobs=args.max_jobs, burst=args.burst, out=out)
+    _exit_if_stuck(code)  # this process is the worker: nothing else of its own may keep it alive
+    return code
+
+
+def serve(
+    queues: Sequence[StoreQueue], *, max_jobs: int | None = None, burst: bool = False, out: TextIO | None = None
+) -> int:
+    """Start ``queues``, print the readiness line, and run until a signal (or --max-jobs, --burst) stops them.
+
+    Off the main thread (under Django's autoreloader, say) no signal handler
+    can be installed: the interpreter's exit stops the workers instead.
+    """
+    out = out or sys.stdout  # looked up per call: a test runner may have replaced it
     if not any(q.registered_names() for q in queues):
         logger.warning("no job classes are registered: every job this worker claims becomes a dead letter")
-
     events: stdqueue.SimpleQueue[_Event] = stdqueue.SimpleQueue()
+    if threading.current_thread() is not threading.main_thread():
+        before_threads_join(lambda: _exit_with(events))
+        return _serve(queues, events, max_jobs, burst, out)
     previous = {
         signum: signal.signal(signum, lambda signum, _frame: events.put(_Event("signal", signum)))
         for signum in _STOP_SIGNALS
     }
     try:
-        return _serve(queues, events, args, out)
+        return _serve(queues, events, max_jobs, burst, out)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
+def _exit_with(events: stdqueue.SimpleQueue[_Event]) -> None:
+    """At interpreter exit: stop as a signal would, and wait for the workers to be handed back."""
+    done = threading.Event()
+    events.put(_Event("exit", done=done))
+    done.wait()
+
+
 def _serve(
-    queues: list[DatabaseJobQueue], events: stdqueue.SimpleQueue[_Event], args: argparse.Namespace, out: TextIO
+    queues: Sequence[StoreQueue],
+    events: stdqueue.SimpleQueue[_Event],
+    max_jobs: int | None,
+    burst: bool,
+    out: TextIO,
 ) -> int:
-    if args.max_jobs:
-        _count_runs(queues, args.max_jobs, lambda: events.put(_Event("max-jobs")))
+    if max_jobs:
+        _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
     for queue in queues:
         queue.observe_runs(_log_run)
-    started: list[DatabaseJobQueue] = []
+    _start(queues)
+    out.write(f"syncjobs worker ready: pid {os.getpid()}, {_describe(queues)}\n")
+    out.flush()
+    stop_burst = threading.Event()
+    if burst:
+        threading.Thread(
+            target=_watch_drained, args=(queues, stop_burst, events), name="syncjobs-burst", daemon=True
+        ).start()
+
+    event = events.get()
+    exiting = event.done
+    stop_burst.set()
+    _log_stop(event, queues[0].shutdown_grace)
+    if exiting is not None:
+        # The interpreter is exiting: no new thread may start now, so one
+        # queue after another, here; then the interpreter goes on.
+        for queue in queues:
+            queue.shutdown()
+        logger.info("stopped")
+        exiting.set()
+        return 0
+    stopper = threading.Thread(target=_shutdown, args=(queues, events), name="syncjobs-stopper")
+    stopper.start()
+    forced = 0
+    while (event := events.get()).kind != "stopped":
+        if event.done is not None:  # the interpreter exits meanwhile: it waits for the stop
+            exiting = event.done
+        if event.kind == "signal" and not forced:
+            forced = event.signum
+            logger.warning("%s again: handing running jobs back now", signal.Signals(event.signum).name)
+            for queue in queues:
+                queue.end_grace()
+    stopper.join()
+    logger.info("stopped")
+    if exiting is not None:  # the interpreter is exiting: it goes on from here
+        exiting.set()
+        return 0
+    return 128 + forced if forced else 0
+
+
+def _start(queues: Sequence[StoreQueue]) -> None:
+    started: list[StoreQueue] = []
     try:
         for queue in queues:
             queue.start()
@@ -107,45 +178,30 @@ def _serve(
         for queue in started:
             queue.shutdown(grace=0)
         raise CommandError(f"cannot start: {one_line(exc)}") from exc
-    first = queues[0]
-    out.write(
-        f"syncjobs worker ready: pid {os.getpid()}, {first.workers} thread(s) on queue(s) "
-        f"{', '.join(repr(q.queue_name) for q in queues)} of {first.table} at {masked(first.url)}\n"
-    )
-    out.flush()
-    stop_burst = threading.Event()
-    if args.burst:
-        threading.Thread(
-            target=_watch_drained, args=(queues, stop_burst, events), name="syncjobs-burst", daemon=True
-        ).start()
 
-    event = events.get()
-    stop_burst.set()
-    grace = first.shutdown_grace
+
+def _log_stop(event: _Event, grace: float) -> None:
     if event.kind == "signal":
         logger.info(
             "%s: stopping; running jobs get %gs (send it again to hand them back at once)",
             signal.Signals(event.signum).name,
             grace,
         )
+    elif event.kind == "exit":
+        logger.info("the interpreter is exiting: stopping; running jobs get %gs", grace)
     else:
         logger.info("%s reached: stopping; running jobs get %gs", event.kind, grace)
-    stopper = threading.Thread(target=_shutdown, args=(queues, events), name="syncjobs-stopper")
-    stopper.start()
-    forced = 0
-    while (event := events.get()).kind != "stopped":
-        if event.kind == "signal" and not forced:
-            forced = event.signum
-            logger.warning("%s again: handing running jobs back now", signal.Signals(event.signum).name)
-            for queue in queues:
-                queue.end_grace()
-    stopper.join()
-    logger.info("stopped")
-    _exit_if_stuck(128 + forced if forced else 0)
-    return 128 + forced if forced else 0
 
 
-def _shutdown(queues: list[DatabaseJobQueue], events: stdqueue.SimpleQueue[_Event]) -> None:
+def _describe(queues: Sequence[StoreQueue]) -> str:
+    first = queues[0]
+    if isinstance(first, DatabaseJobQueue):
+        names = ", ".join(repr(queue.queue_name) for queue in queues if isinstance(queue, DatabaseJobQueue))
+        return f"{first.workers} thread(s) on queue(s) {names} of {first.table} at {masked(first.url)}"
+    return f"{first.workers} thread(s) on an in-memory queue"
+
+
+def _shutdown(queues: Sequence[StoreQueue], events: stdqueue.SimpleQueue[_Event]) -> None:
     try:
         threads = [threading.Thread(target=queue.shutdown, name="syncjobs-shutdown") for queue in queues]
         for thread in threads:
@@ -156,9 +212,9 @@ def _shutdown(queues: list[DatabaseJobQueue], events: stdqueue.SimpleQueue[_Even
         events.put(_Event("stopped"))
 
 
-def _watch_drained(queues: list[DatabaseJobQueue], stop: threading.Event, events: stdqueue.SimpleQueue[_Event]) -> None:
+def _watch_drained(queues: Sequence[StoreQueue], stop: threading.Event, events: stdqueue.SimpleQueue[_Event]) -> None:
     # A look every poll interval; a job finishing here wakes it sooner.
-    interval = min(0.2, *(queue._db.poll_interval for queue in queues))
+    interval = 0.2
     while not stop.is_set():
         try:
             if all(queue.drained() for queue in queues):
@@ -166,10 +222,10 @@ def _watch_drained(queues: list[DatabaseJobQueue], stop: threading.Event, events
                 return
         except Exception:
             logger.exception("checking whether the queue is empty failed; trying again")
-        queues[0]._db.wait_finished(interval)
+        queues[0].wait_finished(interval)
 
 
-def _count_runs(queues: list[DatabaseJobQueue], limit: int, reached: Callable[[], None]) -> None:
+def _count_runs(queues: Sequence[StoreQueue], limit: int, reached: Callable[[], None]) -> None:
     lock = threading.Lock()
     runs = 0
 

@@ -94,8 +94,8 @@ class DatabaseJobQueue(StoreQueue):
     ) -> DatabaseJobQueue:
         """A queue on the same table and settings, for another queue name or worker count.
 
-        It runs the same job classes and calls the same dead-letter callbacks:
-        registering on either registers on both.
+        It runs the same job classes, inside the same run wrappers, and calls
+        the same dead-letter callbacks: registering on either registers on both.
         """
         twin = DatabaseJobQueue(
             self.url,
@@ -106,14 +106,6 @@ class DatabaseJobQueue(StoreQueue):
         )
         twin._share_jobs_of(self)
         return twin
-
-    def drained(self) -> bool:
-        """Nothing on this queue is ready to run and no worker of this queue runs a job.
-
-        Jobs delayed or waiting for a retry's backoff do not count: what
-        ``syncjobs worker --burst`` waits for before it exits.
-        """
-        return self._db.drained()
 
     # -- schema -------------------------------------------------------------
 
@@ -150,6 +142,10 @@ class DatabaseJobQueue(StoreQueue):
     def dispatch(self, job: Job, *, delay: Delay = None, connection: Any = None) -> str:
         """Insert ``job``; with ``connection``, inside the caller's transaction, which the queue never commits."""
         return self.dispatch_many([job], delay=delay, connection=connection)[0]
+
+    def _check_envelope(self, envelope: Envelope) -> None:
+        self._ensure_schema()
+        self._db.carried(envelope.context)  # refuse a carried value that is not JSON, before any insert
 
     def dispatch_many(self, jobs: Sequence[Job], *, delay: Delay = None, connection: Any = None) -> list[str]:
         """Insert ``jobs`` in one transaction: all of them or, if anything is refused, none."""

@@ -1,0 +1,1 @@
+"""Integrations with the frameworks syncjobs is made for; each imports its framework only when used."""

@@ -1,0 +1,55 @@
+"""``manage.py syncjobs_worker``: the ``syncjobs worker`` command, with the project's settings and jobs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any, TextIO, cast
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+from django.utils import autoreload
+
+from syncjobs.cli import logs, worker
+from syncjobs.cli.target import CommandError as SyncJobsCommandError
+from syncjobs.contrib.django import worker_queues
+
+
+class Command(BaseCommand):
+    help = (
+        "Run syncjobs workers for this project until SIGTERM or SIGINT: the first stops claiming and gives "
+        "running jobs the grace, a second hands them back at once."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        worker.add_arguments(parser)
+        logs.add_arguments(parser)
+        parser.add_argument(
+            "--reload", action="store_true", help="with DEBUG on, restart when the code changes (development only)"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        # syncjobs' own loggers only: the project's LOGGING keeps the rest.
+        undo = logs.configure(options["log_level"], options["log_format"], logger=logging.getLogger("syncjobs"))
+        try:
+            if options["reload"] and settings.DEBUG:
+                autoreload.run_with_reloader(self._serve, options)
+                return
+            code = self._serve(options)
+        finally:
+            undo()
+        if code:
+            sys.exit(code)
+
+    def _serve(self, options: dict[str, Any]) -> int:
+        # Connections opened at startup (checks, settings) are not the workers'.
+        connections.close_all()
+        try:
+            queues = worker_queues(options["queues"], workers=options["workers"], grace=options["grace"])
+            return worker.serve(
+                queues, max_jobs=options["max_jobs"], burst=options["burst"], out=cast("TextIO", self.stdout)
+            )
+        except SyncJobsCommandError as exc:
+            raise CommandError(str(exc)) from exc

@@ -1,0 +1,85 @@
+"""The jobs table as Django sees it (for the admin), and the Tasks backend's results."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+from django.db import models
+
+
+def _moment(epoch: float | None) -> datetime.datetime | None:
+    return None if epoch is None else datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
+
+
+class QueuedJob(models.Model):
+    """A row of syncjobs' own table: unmanaged, since its schema is syncjobs' (see the migration)."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    payload = models.TextField()
+    context = models.TextField(null=True)
+    state = models.CharField(max_length=10)
+    attempt = models.IntegerField()
+    max_attempts = models.IntegerField()
+    run_at = models.FloatField()
+    lease_owner = models.CharField(max_length=64, null=True)
+    lease_token = models.CharField(max_length=64, null=True)
+    lease_expires = models.FloatField(null=True)
+    error = models.TextField(null=True)
+    created_at = models.FloatField()
+    finished_at = models.FloatField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "syncjobs_jobs"
+        ordering = ("run_at", "id")
+        verbose_name = "job"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+    @property
+    def due(self) -> datetime.datetime | None:
+        return _moment(self.run_at)
+
+    @property
+    def created(self) -> datetime.datetime | None:
+        return _moment(self.created_at)
+
+    @property
+    def finished(self) -> datetime.datetime | None:
+        return _moment(self.finished_at)
+
+
+class TaskResultRecord(models.Model):
+    """What ``get_result()`` answers from: one row per task enqueued on the syncjobs Tasks backend."""
+
+    id = models.CharField(primary_key=True, max_length=64)
+    backend = models.CharField(max_length=100)
+    task_path = models.CharField(max_length=300)
+    queue_name = models.CharField(max_length=100)
+    priority = models.IntegerField(default=0)
+    takes_context = models.BooleanField(default=False)
+    run_after = models.DateTimeField(null=True)
+    status = models.CharField(max_length=10, default="READY")
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    enqueued_at = models.DateTimeField(null=True)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+    last_attempted_at = models.DateTimeField(null=True)
+    return_value = models.JSONField(null=True)
+    errors = models.JSONField(default=list)
+    worker_ids = models.JSONField(default=list)
+
+    class Meta:
+        db_table = "syncjobs_task_results"
+        verbose_name = "task result"
+
+    def __str__(self) -> str:
+        return f"{self.task_path} ({self.id}): {self.status}"
+
+    def fields(self) -> dict[str, Any]:
+        return {field.name: getattr(self, field.name) for field in self._meta.fields}

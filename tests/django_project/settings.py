@@ -1,0 +1,101 @@
+"""A real Django project for syncjobs' integration tests: SQLite, PostgreSQL and MariaDB at once.
+
+Each server is one alias ("default" is SQLite); the tests point
+``SYNCJOBS["DATABASE"]`` at each in turn. A server that does not answer is
+left out (its tests skip, or fail under CI=true).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pymysql
+
+from syncjobs.database.dialects import Connector
+
+# Django's MySQL backend wants mysqlclient, which needs C headers to build;
+# PyMySQL stands in for it here (syncjobs' own connections use PyMySQL anyway).
+pymysql.version_info = (2, 2, 1, "final", 0)
+pymysql.install_as_MySQLdb()
+
+SERVERS = {
+    "postgresql": os.environ.get("SYNCJOBS_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test"),
+    "mysql": os.environ.get("SYNCJOBS_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test"),
+}
+
+
+def _answers(url: str) -> bool:
+    try:
+        Connector(url).connect().close()
+    except Exception:  # noqa: BLE001 - any failure: the server is not there
+        return False
+    return True
+
+
+_folder = tempfile.mkdtemp(prefix="syncjobs-django-")
+DATABASES: dict[str, dict[str, object]] = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(_folder, "db.sqlite3"),
+        # A file, not memory: syncjobs' worker connections must see it too.
+        "TEST": {"NAME": os.path.join(_folder, "test.sqlite3")},
+    },
+}
+if _answers(SERVERS["postgresql"]):
+    DATABASES["postgresql"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "test",
+        "USER": "postgres",
+        "HOST": "127.0.0.1",
+        "PORT": 5432,
+        "TEST": {"NAME": "test_syncjobs_django"},
+    }
+if _answers(SERVERS["mysql"]):
+    DATABASES["mysql"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": "test",
+        "USER": "root",
+        "HOST": "127.0.0.1",
+        "PORT": 3306,
+        "TEST": {"NAME": "test_syncjobs_django", "CHARSET": "utf8mb4"},
+    }
+
+SECRET_KEY = "syncjobs-tests-only"
+DEBUG = False
+ALLOWED_HOSTS = ["testserver"]
+USE_TZ = True
+ROOT_URLCONF = "tests.django_project.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "syncjobs.contrib.django",
+    "tests.django_project.shop",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+SYNCJOBS = {"DATABASE": "default", "WORKERS": 2, "SHUTDOWN_GRACE": 1.0}
+TASKS = {
+    "default": {"BACKEND": "syncjobs.contrib.django.tasks.SyncJobsBackend", "QUEUES": ["default", "reports"]},
+}

@@ -1,0 +1,47 @@
+"""A small Flask app for the integration tests: a route that dispatches, a job that reads ``current_app``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+from flask import Flask, current_app, request
+
+import syncjobs
+from syncjobs.contrib.flask import SyncJobs
+
+jobs = SyncJobs()
+
+
+@jobs.register
+@dataclasses.dataclass
+class Greet(syncjobs.Job):
+    """Writes what it saw of the app to ``out``: proof that it ran inside the app's context."""
+
+    NAME = "flaskapp.greet"
+    out: str
+    seconds: float = 0.0
+
+    def run(self) -> None:
+        info = syncjobs.current_job()
+        assert info is not None
+        if self.seconds and info.cancelled.wait(self.seconds):
+            raise syncjobs.Cancelled()
+        seen = {"app": current_app.name, "greeting": current_app.config["GREETING"], "pid": os.getpid()}
+        with open(self.out, "a", encoding="utf-8") as file:
+            file.write(json.dumps(seen) + "\n")
+
+
+def create_app(name: str = "shopfront", **config: Any) -> Flask:
+    app = Flask(name)
+    app.config.update(GREETING=f"hello from {name}", **config)
+    jobs.init_app(app)
+
+    @app.post("/greet")
+    def greet() -> dict[str, str]:
+        job = Greet(out=request.form["out"], seconds=float(request.form.get("seconds", 0)))
+        return {"job": jobs.dispatch(job)}
+
+    return app

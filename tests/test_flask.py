@@ -1,0 +1,129 @@
+"""syncjobs in a real Flask app, through Flask's test client and CLI runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from syncjobs.contrib.flask import AppQueues
+from tests.flask_app import create_app
+from tests.helpers import WAIT
+from tests.test_database import execute
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def seen(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+
+
+def state(app: Any) -> AppQueues:
+    found: AppQueues = app.extensions["syncjobs"]
+    return found
+
+
+def test_a_route_dispatches_and_the_job_runs_inside_that_apps_context(tmp_path: Path) -> None:
+    # Two apps from one factory and one extension: each job sees its own app.
+    shop, admin = create_app("shopfront"), create_app("backoffice")
+    try:
+        for app in (shop, admin):
+            response = app.test_client().post("/greet", data={"out": str(tmp_path / f"{app.name}.jsonl")})
+            assert response.status_code == 200
+            assert len(response.json["job"]) == 36
+        for app in (shop, admin):
+            assert state(app).queue().join(timeout=WAIT)
+            [record] = seen(tmp_path / f"{app.name}.jsonl")
+            assert record == {"app": app.name, "greeting": f"hello from {app.name}", "pid": os.getpid()}
+    finally:
+        for app in (shop, admin):
+            state(app).shutdown()
+
+
+def test_flask_syncjobs_worker_burst_runs_what_the_web_process_dispatched(
+    database_urls: dict[str, str], tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    app = create_app(SYNCJOBS_URL=url)
+    out = tmp_path / "seen.jsonl"
+    try:
+        assert app.test_client().post("/greet", data={"out": str(out)}).status_code == 200
+        assert seen(out) == []  # not embedded: the web process only dispatches
+        runner = app.test_cli_runner()
+        result = runner.invoke(args=["syncjobs", "worker", "--burst", "--workers", "2"])
+        assert result.exit_code == 0, result.output
+        assert "syncjobs worker ready: pid" in result.output
+        [record] = seen(out)
+        assert record["app"] == "shopfront"
+
+        result = runner.invoke(args=["syncjobs", "stats", "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.output)["queues"][0]["done_last_minute"] == 1
+        result = runner.invoke(args=["syncjobs", "dead", "list"])
+        assert (result.exit_code, result.output) == (0, "no dead letters\n")
+    finally:
+        state(app).shutdown()
+
+
+def test_the_worker_command_refuses_memory(tmp_path: Path) -> None:
+    result = create_app().test_cli_runner().invoke(args=["syncjobs", "worker", "--burst"])
+    assert result.exit_code == 1
+    assert "SYNCJOBS_URL is memory://" in result.output
+
+
+FORKING_SERVER = textwrap.dedent(
+    """
+    import json, os, sys, threading
+    from tests.flask_app import create_app
+
+    app = create_app(SYNCJOBS_URL=sys.argv[1], SYNCJOBS_EMBEDDED=True, SYNCJOBS_GRACE=0.5)
+    def syncjobs_threads():
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("syncjobs"))
+
+    before = syncjobs_threads()
+    # As gunicorn does: the master loads the app, then forks its workers.
+    pid = os.fork()
+    if pid == 0:
+        client = app.test_client()
+        # One quick job, and one still running at exit: the grace, then handed back.
+        assert client.post("/greet", data={"out": sys.argv[2]}).status_code == 200
+        assert client.post("/greet", data={"out": sys.argv[2], "seconds": "120"}).status_code == 200
+        queue = app.extensions["syncjobs"].queue()
+        while not os.path.exists(sys.argv[2]):
+            queue.wait_finished(0.1)
+        print(json.dumps({"child_threads": syncjobs_threads(), "pid": os.getpid()}), flush=True)
+        sys.exit(0)  # a normal exit: the exit hook stops the embedded workers
+    _, status = os.waitpid(pid, 0)
+    after = syncjobs_threads()
+    print(json.dumps({"parent_before": before, "parent_after": after, "status": status, "pid": os.getpid()}))
+    """
+)
+
+
+def test_embedded_workers_start_after_the_fork_and_stop_with_the_grace_at_exit(tmp_path: Path) -> None:
+    db, out = tmp_path / "jobs.db", tmp_path / "seen.jsonl"
+    url = f"sqlite:///{db}"
+    proc = subprocess.run(
+        [sys.executable, "-c", FORKING_SERVER, url, str(out)],
+        capture_output=True,
+        check=False,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    child, parent = lines[0], lines[1]
+    assert parent["status"] == 0, proc.stderr
+    assert parent["parent_before"] == parent["parent_after"] == []  # the master never started a thread
+    assert any(name.startswith("syncjobs-worker") for name in child["child_threads"])
+    [record] = seen(out)
+    assert record["app"] == "shopfront"
+    assert record["pid"] == child["pid"] != parent["pid"]  # ran in the child
+    # The long job was handed back at exit, its run spent.
+    assert execute(url, "SELECT state, attempt FROM syncjobs_jobs") == [("queued", 1)]
