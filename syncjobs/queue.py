@@ -157,6 +157,10 @@ class StoreQueue:
             self._pool.shutdown(grace)
             self._store.close()
 
+    def worker_threads(self) -> list[threading.Thread]:
+        """The threads of this queue's running workers."""
+        return self._pool.threads()
+
     def stop_claiming(self) -> None:
         """Take no new job from now on; running jobs go on. ``shutdown()`` still stops the workers."""
         self._pool.stop_claiming()

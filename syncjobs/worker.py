@@ -106,10 +106,11 @@ class _Run:
 class _Slot:
     """What one worker thread is running, so that shutdown can tell idle workers from stuck ones."""
 
-    __slots__ = ("run",)
+    __slots__ = ("run", "thread")
 
     def __init__(self) -> None:
         self.run: _Run | None = None
+        self.thread: threading.Thread | None = None
 
 
 @dataclasses.dataclass(eq=False)
@@ -157,6 +158,13 @@ class WorkerPool:
     def observe(self, observer: RunObserver) -> None:
         """Call ``observer(report)`` after every run, on the worker's thread; it must be quick."""
         self._observers.append(observer)
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads of the running workers (those whose loop has begun)."""
+        generation = self._generation
+        if generation is None:
+            return []
+        return [slot.thread for slot, _ in generation.workers if slot.thread is not None]
 
     def stop_claiming(self) -> None:
         """Take no new job; runs in progress go on, and ``shutdown()`` still ends the workers."""
@@ -274,6 +282,7 @@ class WorkerPool:
     # -- the loop ---------------------------------------------------------
 
     def _loop(self, generation: _Generation, slot: _Slot) -> None:
+        slot.thread = threading.current_thread()
         store = self._store
         stopping = generation.stopping
         while not stopping.is_set():

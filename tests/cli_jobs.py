@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import threading
 
 import syncjobs
 
@@ -42,3 +43,15 @@ class Sleepy(syncjobs.Job):
         info = _started("sleepy")
         if info.cancelled.wait(self.seconds):
             raise syncjobs.Cancelled()
+
+
+@dataclasses.dataclass
+class Stubborn(syncjobs.Job):
+    """Ignores its cancel token, as a job blocked in a C call would."""
+
+    NAME = "cli.stubborn"
+    seconds: float
+
+    def run(self) -> None:
+        _started("stubborn")
+        threading.Event().wait(self.seconds)

@@ -27,8 +27,11 @@ class Greet(syncjobs.Job):
     def run(self) -> None:
         info = syncjobs.current_job()
         assert info is not None
-        if self.seconds and info.cancelled.wait(self.seconds):
-            raise syncjobs.Cancelled()
+        if self.seconds:
+            with open(f"{self.out}.started", "w", encoding="utf-8"):
+                pass  # tells a test this long job is running
+            if info.cancelled.wait(self.seconds):
+                raise syncjobs.Cancelled()
         seen = {"app": current_app.name, "greeting": current_app.config["GREETING"], "pid": os.getpid()}
         with open(self.out, "a", encoding="utf-8") as file:
             file.write(json.dumps(seen) + "\n")

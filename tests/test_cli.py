@@ -19,7 +19,7 @@ import pytest
 
 import syncjobs
 from syncjobs.database.dialects import dialect_for
-from tests.cli_jobs import Quick, Sleepy
+from tests.cli_jobs import Quick, Sleepy, Stubborn
 from tests.helpers import WAIT
 from tests.test_database import drop_tables, execute
 
@@ -103,8 +103,8 @@ def run(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> t
 def dispatch(url: str, table: str, *jobs: syncjobs.Job, queue: str = "default", delay: float = 0) -> list[str]:
     """Dispatch from a queue of no workers, as a web process does; the jobs' ids."""
     producer = syncjobs.DatabaseJobQueue(url, workers=0, table=table, queue=queue)
-    producer.register(Quick)
-    producer.register(Sleepy)
+    for job_cls in (Quick, Sleepy, Stubborn):
+        producer.register(job_cls)
     try:
         return producer.dispatch_many(list(jobs), delay=delay)
     finally:
@@ -199,6 +199,19 @@ def test_a_second_sigterm_hands_back_at_once(db_url: str, table: str, started: l
     assert time.monotonic() - began < WAIT  # not the 300 s grace
     assert "SIGTERM again: handing running jobs back now" in "".join(command.err)
     assert rows(db_url, table) == [("cli.sleepy", "queued", 1)]
+
+
+def test_a_job_that_ignores_cancellation_does_not_keep_the_worker_alive(tmp_path: Any, started: list[Command]) -> None:
+    url, table = f"sqlite:///{tmp_path / 'jobs.db'}", "stubborn_jobs"
+    command = worker(started, url, table, "--grace", "0.5")
+    [job_id] = dispatch(url, table, Stubborn(300))
+    command.expect(rf"^started stubborn {job_id}")
+    began = time.monotonic()
+    command.proc.send_signal(signal.SIGTERM)
+    assert command.wait() == 0
+    assert time.monotonic() - began < WAIT  # not the job's 300 s
+    assert "1 job(s) ignored cancellation; exiting without them" in "".join(command.err)
+    assert rows(url, table) == [("cli.stubborn", "queued", 1)]  # handed back all the same
 
 
 def test_max_jobs_stops_after_that_many_runs(db_url: str, table: str) -> None:
@@ -383,7 +396,7 @@ def test_stats_counts_by_queue_and_state_with_the_live_workers(db_url: str, tabl
     assert lines[1].split()[:5] == ["default", "2", "0", "1", "1"]
     assert lines[1].split()[-1] == "7"
     assert lines[2].split() == ["mail", "0", "1", "0", "1", "-", "0"]
-    assert "1 live worker process(es)" in out
+    assert "1 live worker(s)" in out
     assert re.search(r"box\s+4242\s+mail\s+8\s+5m0\ds\s+[\d.]+s ago", out), out
 
 

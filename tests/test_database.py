@@ -313,6 +313,12 @@ def test_a_table_name_that_is_not_an_identifier_is_refused(table: str) -> None:
         syncjobs.DatabaseJobQueue("sqlite:///unused.db", table=table)
 
 
+def test_a_table_name_leaves_room_for_its_companions() -> None:
+    syncjobs.DatabaseJobQueue("sqlite:///unused.db", table="t" * 55)
+    with pytest.raises(syncjobs.QueueError, match=r"too long: at most 55 characters"):
+        syncjobs.DatabaseJobQueue("sqlite:///unused.db", table="t" * 56)
+
+
 def test_a_queue_name_is_checked_and_only_ever_bound() -> None:
     with pytest.raises(syncjobs.QueueError, match="queue name '' must be 1 to 100 printable characters"):
         syncjobs.DatabaseJobQueue("sqlite:///unused.db", queue="")

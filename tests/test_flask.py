@@ -93,7 +93,7 @@ FORKING_SERVER = textwrap.dedent(
         assert client.post("/greet", data={"out": sys.argv[2]}).status_code == 200
         assert client.post("/greet", data={"out": sys.argv[2], "seconds": "120"}).status_code == 200
         queue = app.extensions["syncjobs"].queue()
-        while not os.path.exists(sys.argv[2]):
+        while not (os.path.exists(sys.argv[2]) and os.path.exists(sys.argv[2] + ".started")):
             queue.wait_finished(0.1)
         print(json.dumps({"child_threads": syncjobs_threads(), "pid": os.getpid()}), flush=True)
         sys.exit(0)  # a normal exit: the exit hook stops the embedded workers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -160,3 +161,50 @@ def test_a_clean_exit_says_nothing() -> None:
     proc = _python("-c", script)
     out, err = _communicate(proc, 30)
     assert (proc.returncode, out, err) == (0, "", "")
+
+
+SERVE_OFF_THE_MAIN_THREAD = textwrap.dedent(
+    """
+    import logging, sys, threading, time
+    import syncjobs
+    from syncjobs.cli.worker import serve
+
+    logging.basicConfig(level=logging.INFO)
+
+    burst = sys.argv[1] == "burst"
+    queue = syncjobs.InMemoryJobQueue(2, shutdown_grace=0.5)
+
+    @queue.register
+    class Nap(syncjobs.Job):
+        NAME = "nap"
+        def run(self):
+            syncjobs.current_job().cancelled.wait(60)
+
+    if not burst:
+        queue.dispatch(Nap())  # still running when the interpreter exits
+    # As under Django's autoreloader: serve() in a thread, no signal handlers.
+    server = threading.Thread(target=serve, args=([queue],), kwargs={"burst": burst}, daemon=True)
+    server.start()
+    if burst:
+        server.join(30)
+        print("served", not server.is_alive(), flush=True)
+    else:
+        while not queue.pending_count():
+            time.sleep(0.01)
+    # The main thread ends here: the exit hook stops the workers (or finds them stopped).
+    """
+)
+
+
+def test_serve_off_the_main_thread_lets_the_interpreter_exit() -> None:
+    # After --burst ended on its own, the exit hook has nothing to wait for.
+    proc = _python("-c", SERVE_OFF_THE_MAIN_THREAD, "burst")
+    out, err = _communicate(proc, WAIT + 20)
+    assert proc.returncode == 0, err
+    assert "served True" in out
+    # Still serving at exit: the running job gets the grace, is handed back, and the process ends.
+    proc = _python("-c", SERVE_OFF_THE_MAIN_THREAD, "serving")
+    out, err = _communicate(proc, WAIT + 20)
+    assert proc.returncode == 0, err
+    assert "the interpreter is exiting: stopping; running jobs get 0.5s" in err
+    assert re.search(r"job nap \(\S+\) run 1 of 5 in [\d.]+ms: aborted: handed back at shutdown", err), err

@@ -114,7 +114,7 @@ def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str 
         )
     else:
         out.write("no jobs\n")
-    out.write(f"\n{len(snapshot.workers)} live worker process(es)\n")
+    out.write(f"\n{len(snapshot.workers)} live worker(s)\n")
     if snapshot.workers:
         workers = [
             (w.host, w.pid, w.queue, w.threads, human_seconds(w.up_seconds), f"{human_seconds(w.heartbeat_age)} ago")

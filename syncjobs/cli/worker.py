@@ -15,6 +15,7 @@ import queue as stdqueue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
@@ -79,50 +80,85 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 grace=args.grace,
             )
         )
-    code = serve(queues, max_jobs=args.max_jobs, burst=args.burst, out=out)
-    _exit_if_stuck(code)  # this process is the worker: nothing else of its own may keep it alive
-    return code
+    return serve(queues, max_jobs=args.max_jobs, burst=args.burst, out=out, exit_if_stuck=True)
 
 
 def serve(
-    queues: Sequence[StoreQueue], *, max_jobs: int | None = None, burst: bool = False, out: TextIO | None = None
+    queues: Sequence[StoreQueue],
+    *,
+    max_jobs: int | None = None,
+    burst: bool = False,
+    out: TextIO | None = None,
+    exit_if_stuck: bool = False,
 ) -> int:
     """Start ``queues``, print the readiness line, and run until a signal (or --max-jobs, --burst) stops them.
 
     Off the main thread (under Django's autoreloader, say) no signal handler
     can be installed: the interpreter's exit stops the workers instead.
+    ``exit_if_stuck``, for a process that is a worker and nothing else: a job
+    that ignored its cancel token would keep the interpreter waiting for its
+    thread forever, so the process leaves without it (``os._exit``).
     """
     out = out or sys.stdout  # looked up per call: a test runner may have replaced it
     if not any(q.registered_names() for q in queues):
         logger.warning("no job classes are registered: every job this worker claims becomes a dead letter")
     events: stdqueue.SimpleQueue[_Event] = stdqueue.SimpleQueue()
     if threading.current_thread() is not threading.main_thread():
-        before_threads_join(lambda: _exit_with(events))
-        return _serve(queues, events, max_jobs, burst, out)
+        serving = _Serving(events)
+        before_threads_join(serving.exit)
+        try:
+            return _serve(queues, events, max_jobs=max_jobs, burst=burst, out=out, exit_if_stuck=exit_if_stuck)
+        finally:
+            serving.over()
     previous = {
         signum: signal.signal(signum, lambda signum, _frame: events.put(_Event("signal", signum)))
         for signum in _STOP_SIGNALS
     }
     try:
-        return _serve(queues, events, max_jobs, burst, out)
+        return _serve(queues, events, max_jobs=max_jobs, burst=burst, out=out, exit_if_stuck=exit_if_stuck)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _exit_with(events: stdqueue.SimpleQueue[_Event]) -> None:
-    """At interpreter exit: stop as a signal would, and wait for the workers to be handed back."""
-    done = threading.Event()
-    events.put(_Event("exit", done=done))
-    done.wait()
+class _Serving:
+    """Off the main thread: the interpreter's exit stops the workers, if they still run then."""
+
+    def __init__(self, events: stdqueue.SimpleQueue[_Event]) -> None:
+        self.events = events
+        self.lock = threading.Lock()
+        self.running = True
+
+    def exit(self) -> None:
+        """The exit hook: stop as a signal would, and wait until the runs are handed back."""
+        done = threading.Event()
+        with self.lock:
+            if not self.running:  # ended already (--burst, --max-jobs, a startup error)
+                return
+            self.events.put(_Event("exit", done=done))
+        done.wait()
+
+    def over(self) -> None:
+        """serve() has returned: no exit hook waits for it any more."""
+        with self.lock:
+            self.running = False
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except stdqueue.Empty:
+                return
+            if event.done is not None:
+                event.done.set()
 
 
 def _serve(
     queues: Sequence[StoreQueue],
     events: stdqueue.SimpleQueue[_Event],
+    *,
     max_jobs: int | None,
     burst: bool,
     out: TextIO,
+    exit_if_stuck: bool,
 ) -> int:
     if max_jobs:
         _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
@@ -140,6 +176,7 @@ def _serve(
     event = events.get()
     exiting = event.done
     stop_burst.set()
+    threads = [thread for queue in queues for thread in queue.worker_threads()]
     _log_stop(event, queues[0].shutdown_grace)
     if exiting is not None:
         # The interpreter is exiting: no new thread may start now, so one
@@ -165,7 +202,10 @@ def _serve(
     if exiting is not None:  # the interpreter is exiting: it goes on from here
         exiting.set()
         return 0
-    return 128 + forced if forced else 0
+    code = 128 + forced if forced else 0
+    if exit_if_stuck:
+        _leave_stuck(threads, code)
+    return code
 
 
 def _start(queues: Sequence[StoreQueue]) -> None:
@@ -271,9 +311,15 @@ def _log_run(report: RunReport) -> None:
     )
 
 
-def _exit_if_stuck(code: int) -> None:
-    """A job that ignores its cancel token keeps its (non-daemon) thread: leave without it."""
-    stuck = [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+def _leave_stuck(workers: list[threading.Thread], code: int, bound: float = 1.0) -> None:
+    """Exit now if a worker thread is still in a job that ignored its cancel token.
+
+    Idle worker threads are leaving already; they get ``bound`` seconds.
+    """
+    deadline = time.monotonic() + bound
+    for thread in workers:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stuck = [thread for thread in workers if thread.is_alive()]
     if stuck:
         logger.warning("%d job(s) ignored cancellation; exiting without them", len(stuck))
         logging.shutdown()

@@ -15,7 +15,7 @@ from typing import Any
 from ..envelope import DeadLetter
 from ..errors import QueueError
 from . import queries
-from .dialects import Connector, check_identifier
+from .dialects import Connector, check_table
 from .schema import SCHEMA_VERSION, ddl, record_version
 from .store import DatabaseStore
 
@@ -87,7 +87,7 @@ class TableAdmin:
     @classmethod
     def connect(cls, url: str, *, table: str = "syncjobs_jobs", timeout: float = 5.0) -> TableAdmin:
         """An admin of its own connections; :meth:`close` them when done."""
-        check_identifier(table, "table")
+        check_table(table)
         store = DatabaseStore(
             Connector(url),
             table=table,

@@ -29,6 +29,21 @@ def check_identifier(value: str, what: str) -> str:
     return value
 
 
+#: The longest jobs table name: its companions add up to 8 characters
+#: (``_workers``), and MySQL stops at 64, PostgreSQL at 63.
+MAX_TABLE_NAME = 55
+
+
+def check_table(table: str) -> str:
+    check_identifier(table, "table")
+    if len(table) > MAX_TABLE_NAME:
+        raise QueueError(
+            f"table {table!r} is too long: at most {MAX_TABLE_NAME} characters, so that its companion "
+            f"tables ({table}_workers and the others) fit every database's limit"
+        )
+    return table
+
+
 @dataclass(frozen=True)
 class Dialect:
     name: str

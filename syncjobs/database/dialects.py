@@ -6,12 +6,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import QueueError
-from .dialect import Dialect, check_identifier
+from .dialect import Dialect, check_identifier, check_table
 from .mysql import MYSQL
 from .postgres import POSTGRES
 from .sqlite import SQLITE
 
-__all__ = ["MYSQL", "POSTGRES", "SQLITE", "Connector", "Dialect", "check_identifier", "dialect_for"]
+__all__ = ["MYSQL", "POSTGRES", "SQLITE", "Connector", "Dialect", "check_identifier", "check_table", "dialect_for"]
 
 _BY_SCHEME = {scheme: dialect for dialect in (SQLITE, POSTGRES, MYSQL) for scheme in dialect.schemes}
 

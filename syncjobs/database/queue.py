@@ -15,7 +15,7 @@ from ..errors import QueueError
 from ..job import Job
 from ..queue import DEFAULT_SHUTDOWN_GRACE, Delay, StoreQueue, delay_seconds, new_envelope
 from .admin import TableAdmin
-from .dialects import Connector, check_identifier
+from .dialects import Connector, check_table
 from .schema import SCHEMA_VERSION
 from .store import DatabaseStore
 
@@ -46,7 +46,7 @@ class DatabaseJobQueue(StoreQueue):
         prefetch: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        check_identifier(table, "table")
+        check_table(table)
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         if not isinstance(queue, str) or not 0 < len(queue) <= 100 or not queue.isprintable():
@@ -85,6 +85,7 @@ class DatabaseJobQueue(StoreQueue):
             clock=clock,
         )
         super().__init__(self._db, workers=workers, shutdown_grace=shutdown_grace, clock=clock)
+        self._prefetch = self._db.prefetch
         self._db.on_expired_dead = self._expired_dead
         #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
         self.admin = TableAdmin(self._db)
@@ -137,7 +138,13 @@ class DatabaseJobQueue(StoreQueue):
 
     def start(self) -> None:
         self._check_schema()
+        self._db.prefetch = self._prefetch
         super().start()
+
+    def stop_claiming(self) -> None:
+        # Nor claim ahead: rows leased to workers that will not run them wait for no one.
+        self._db.prefetch = 0
+        super().stop_claiming()
 
     def dispatch(self, job: Job, *, delay: Delay = None, connection: Any = None) -> str:
         """Insert ``job``; with ``connection``, inside the caller's transaction, which the queue never commits."""

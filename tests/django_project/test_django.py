@@ -24,6 +24,7 @@ from django.utils import timezone
 import syncjobs
 import syncjobs.contrib.django as sj
 from syncjobs.contrib.django.models import QueuedJob, TaskResultRecord
+from syncjobs.contrib.django.tasks import RunTask
 from tests.django_project.shop import jobs
 from tests.django_project.shop.models import Order
 
@@ -202,6 +203,10 @@ def test_tasks_enqueue_run_and_answer_get_result(alias: str) -> None:
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
     assert seen == [("enqueued", "READY"), ("started", "RUNNING"), ("finished", "SUCCESSFUL")]
     assert TaskResultRecord.objects.using(alias).get(id=result.id).status == "SUCCESSFUL"
+    # Delivered again (at-least-once: a lost lease, a failed delete): the finished result stands.
+    RunTask(backend="default", result_id=result.id, database=alias).run()
+    again = jobs.add.get_result(result.id)
+    assert (again.status, again.attempts, again.finished_at) == (TaskResultStatus.SUCCESSFUL, 1, fetched.finished_at)
 
 
 def test_a_failing_task_is_failed_with_its_error(alias: str) -> None:
@@ -247,6 +252,10 @@ def test_context_async_tasks_and_other_queues() -> None:
 def test_what_the_backend_refuses() -> None:
     backend = jobs.add.get_backend()
     assert (backend.supports_defer, backend.supports_get_result, backend.supports_async_task) == (True, True, True)
+    # TASKS lists a "reports" queue that SYNCJOBS["QUEUES"] does not: the check says so.
+    [warning] = backend.check()
+    assert warning.id == "syncjobs.W001"
+    assert "'reports'" in warning.msg
     assert backend.supports_priority is False
     with pytest.raises(InvalidTask, match="priority"):
         jobs.add.using(priority=10)

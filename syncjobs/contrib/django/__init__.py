@@ -29,7 +29,8 @@ J = TypeVar("J", bound=type[Job])
 _lock = threading.RLock()
 _job_classes: list[type[Job]] = []
 _queues: dict[str, StoreQueue] = {}
-_started_in: dict[str, int] = {}  # queue name -> pid whose workers run it (memory backend)
+_started_in: dict[int, int] = {}  # id(queue) -> the pid whose workers run it (memory backend)
+_pid = os.getpid()  # whose _queues these are
 
 
 def register(job_cls: J) -> J:
@@ -45,6 +46,7 @@ def register(job_cls: J) -> J:
 def get_queue(name: str | None = None) -> StoreQueue:
     """The queue called ``name`` (default: the first of ``QUEUES``), built on first use."""
     with _lock:
+        _forget_parent()
         config = conf.read()
         name = name or config.default_queue
         queue = _queues.get(name)
@@ -105,6 +107,15 @@ def reset() -> None:
         queue.shutdown(grace=0)
 
 
+def _forget_parent() -> None:
+    """In a forked child (a pre-forking server), the parent's queues, connections and threads are not ours."""
+    global _pid  # noqa: PLW0603 - the one process-wide fact
+    if _pid != os.getpid():
+        _pid = os.getpid()
+        _queues.clear()
+        _started_in.clear()
+
+
 def _build(config: conf.Config, name: str) -> StoreQueue:
     queue: StoreQueue
     if config.backend == "memory":
@@ -132,11 +143,10 @@ def _ensure_embedded(config: conf.Config, queue: StoreQueue) -> None:
     """The memory backend runs its jobs in this process: start its workers here, once per process."""
     if config.backend != "memory":
         return
-    key = id(queue)
     with _lock:
-        if _started_in.get(str(key)) == os.getpid():
+        if _started_in.get(id(queue)) == os.getpid():
             return
-        _started_in[str(key)] = os.getpid()
+        _started_in[id(queue)] = os.getpid()
     queue.start()
 
 

@@ -101,14 +101,25 @@ class SyncJobsBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> list[Any]:
         from django.apps import apps  # noqa: PLC0415 - only when checks run
-        from django.core.checks import Error  # noqa: PLC0415
+        from django.core import checks  # noqa: PLC0415
 
         if not apps.is_installed("syncjobs.contrib.django"):
             return [
-                Error(
+                checks.Error(
                     "the syncjobs Tasks backend keeps its results in a table of the syncjobs app",
                     hint='Add "syncjobs.contrib.django" to INSTALLED_APPS and run migrate.',
                     id="syncjobs.E001",
+                )
+            ]
+        served = conf.read().queues
+        unserved = sorted(set(self.queues) - set(served))
+        if unserved:
+            return [
+                checks.Warning(
+                    f"task queue(s) {', '.join(map(repr, unserved))} of TASKS[{self.alias!r}] are not in "
+                    f"settings.SYNCJOBS QUEUES, so syncjobs_worker does not serve them by default",
+                    hint="Add them to SYNCJOBS QUEUES, or run syncjobs_worker with --queue for each.",
+                    id="syncjobs.W001",
                 )
             ]
         return []
@@ -154,6 +165,8 @@ class RunTask(Job):
             record = records.get(id=self.result_id)
         except TaskResultRecord.DoesNotExist:
             raise Fatal(f"task result {self.result_id} is gone") from None
+        if record.status in (SUCCESSFUL, FAILED):
+            return  # delivered again (at-least-once) after it finished: its result stands
         try:
             task = import_string(record.task_path)
         except ImportError as exc:

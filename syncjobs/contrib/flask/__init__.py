@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 from flask import Flask, current_app
 
-from ...database import DatabaseJobQueue
 from ...exit_hooks import before_threads_join
 from ...job import Job
 from ...queue import DEFAULT_SHUTDOWN_GRACE, Delay, StoreQueue
@@ -81,6 +80,8 @@ class AppQueues:
         self._queues: dict[str, StoreQueue] = {}
         self._pid = os.getpid()
         self._started = False
+        #: False in a process that ``flask syncjobs worker`` runs: it has its workers.
+        self.embedded_allowed = True
 
     @property
     def url(self) -> str:
@@ -88,7 +89,8 @@ class AppQueues:
 
     @property
     def embedded(self) -> bool:
-        return bool(self.app.config["SYNCJOBS_EMBEDDED"]) or self.url.startswith("memory:")
+        configured = bool(self.app.config["SYNCJOBS_EMBEDDED"]) or self.url.startswith("memory:")
+        return configured and self.embedded_allowed
 
     def queue(self, name: str | None = None) -> StoreQueue:
         with self._lock:
@@ -160,6 +162,3 @@ class AppQueues:
         # Jobs run inside an app context of this app, in the worker thread.
         queue.wrap_runs(self.app.app_context)
         return queue
-
-    def is_database(self) -> bool:
-        return isinstance(self.queue(), DatabaseJobQueue)

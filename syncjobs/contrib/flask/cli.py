@@ -45,9 +45,11 @@ def worker_command(args: Sequence[str]) -> None:
         )
     # syncjobs' own loggers only, and only while it runs: the app's logging keeps the rest.
     undo = logs.configure(options.log_level, options.log_format, logger=logging.getLogger("syncjobs"))
+    # This process is a worker now: a job's own dispatch must not start embedded workers too.
+    state.embedded_allowed = False
     try:
         queues = state.worker_queues(options.queues, options.workers, options.grace)
-        code = worker.serve(queues, max_jobs=options.max_jobs, burst=options.burst)
+        code = worker.serve(queues, max_jobs=options.max_jobs, burst=options.burst, exit_if_stuck=True)
     except CommandError as exc:
         _fail("worker", str(exc))
     finally:
