@@ -191,15 +191,16 @@ class WorkerPool:
             return
         self._grace_cut.clear()
         generation = _Generation(threading.Event())
+        # Published before the first worker runs: a job that finishes at once
+        # (and an observer calling stop_claiming() from it) must find it.
+        self._generation = generation
         if self._workers:
             executor = ThreadPoolExecutor(self._workers, thread_name_prefix="syncjobs-worker")
             generation.executor = executor
             for _ in range(self._workers):
                 slot = _Slot()
-                future = executor.submit(self._loop, generation, slot)
-                future.add_done_callback(_report_crash)
-                generation.workers.append((slot, future))
-        self._generation = generation
+                generation.workers.append((slot, executor.submit(self._loop, generation, slot)))
+                generation.workers[-1][1].add_done_callback(_report_crash)
 
     def shutdown(self, grace: float) -> None:
         """Stop claiming, give running jobs ``grace`` seconds in all, then hand back the rest."""

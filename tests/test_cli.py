@@ -222,7 +222,7 @@ def test_max_jobs_stops_after_that_many_runs(db_url: str, table: str) -> None:
     assert code == 0, err
     assert "max-jobs reached: stopping" in err
     # One worker thread: it stops claiming as its third run ends.
-    assert err.count(": done") == 3
+    assert err.count(": done") == 3, err
     assert len(rows(db_url, table)) == 7
 
 

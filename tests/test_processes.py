@@ -165,7 +165,7 @@ def test_a_clean_exit_says_nothing() -> None:
 
 SERVE_OFF_THE_MAIN_THREAD = textwrap.dedent(
     """
-    import logging, sys, threading, time
+    import logging, sys, threading
     import syncjobs
     from syncjobs.cli.worker import serve
 
@@ -174,10 +174,13 @@ SERVE_OFF_THE_MAIN_THREAD = textwrap.dedent(
     burst = sys.argv[1] == "burst"
     queue = syncjobs.InMemoryJobQueue(2, shutdown_grace=0.5)
 
+    running = threading.Event()
+
     @queue.register
     class Nap(syncjobs.Job):
         NAME = "nap"
         def run(self):
+            running.set()
             syncjobs.current_job().cancelled.wait(60)
 
     if not burst:
@@ -189,8 +192,7 @@ SERVE_OFF_THE_MAIN_THREAD = textwrap.dedent(
         server.join(30)
         print("served", not server.is_alive(), flush=True)
     else:
-        while not queue.pending_count():
-            time.sleep(0.01)
+        assert running.wait(30), "the job never started"
     # The main thread ends here: the exit hook stops the workers (or finds them stopped).
     """
 )
