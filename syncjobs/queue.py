@@ -147,8 +147,17 @@ class StoreQueue:
         """Spawn the workers; a no-op while they run, a fresh set after ``shutdown()``."""
         with self._lifecycle:
             if not self._pool.started:
-                self._store.open()
-                self._pool.start()
+                try:
+                    self._store.open()
+                    self._pool.start()
+                except BaseException:
+                    # Some threads may have started, and a worker taken a job,
+                    # before one could not (no thread may start once the
+                    # interpreter exits): stop them as shutdown() would, so a
+                    # failed start() leaves nothing running and nothing taken.
+                    self._pool.shutdown(self.shutdown_grace)
+                    self._store.close()
+                    raise
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop the workers within about ``grace`` seconds (default ``shutdown_grace``)."""

@@ -83,8 +83,9 @@ class TimerHeap(Generic[T]):
             if self._thread is not None:
                 return
             self._generation += 1
-            self._thread = threading.Thread(target=self._run, args=(self._generation,), name=self._name, daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._run, args=(self._generation,), name=self._name, daemon=True)
+            thread.start()
+            self._thread = thread  # only once it runs: stop() joins it
 
     def stop(self) -> None:
         """Stop handing items over; waiting items keep their due times."""

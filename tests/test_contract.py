@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import logging
@@ -12,6 +13,7 @@ import time
 import pytest
 
 import syncjobs
+import syncjobs.worker
 from tests.conftest import Backend, QueueFactory
 from tests.helpers import WAIT, FakeClock, OnceJob, Probe, ProbeJob, ThreeTimesJob, request_id, wait_until
 
@@ -706,6 +708,41 @@ def test_past_the_grace_a_cooperative_job_is_cancelled_and_handed_back(
         assert queue.join(WAIT)
     assert probe.attempts == [0, 1]
     assert {r["id"] for r in probe.runs} == {job_id}
+
+
+def test_a_start_that_cannot_start_every_worker_stops_the_rest_and_hands_their_job_back(
+    make_queue: QueueFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Once the interpreter exits, Python 3.12+ refuses new threads: a start()
+    # racing it gets one worker running (and taking a job), then an error.
+    probe = Probe("cooperate", "ok")
+
+    class RefusesTheSecondThread(concurrent.futures.ThreadPoolExecutor):
+        submitted = 0
+
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            RefusesTheSecondThread.submitted += 1
+            if RefusesTheSecondThread.submitted == 2:
+                probe.wait_runs(1)  # the first worker has taken the job
+                raise RuntimeError("can't create new thread at interpreter shutdown")
+            return super().submit(fn, *args, **kwargs)
+
+    queue = make_queue(shutdown_grace=0.1)
+    letters = dead_letters(queue)
+    job_id = queue.dispatch(ProbeJob(probe.id))
+    monkeypatch.setattr(syncjobs.worker, "ThreadPoolExecutor", RefusesTheSecondThread)
+    with pytest.raises(RuntimeError, match="can't create new thread"):
+        queue.start()
+    monkeypatch.undo()
+    # Stopped as shutdown() would: cancelled after the grace, no worker left, the job back in the queue.
+    assert probe.runs[0]["info"].cancelled.is_set()
+    wait_late_finish_dropped(caplog, job_id)
+    assert queue.worker_threads() == []
+    assert queue.pending_count() == 1
+    assert letters == []
+    with queue:  # a later start() works, and the run was spent
+        assert queue.join(WAIT)
+    assert probe.attempts == [0, 1]
 
 
 def test_shutdown_returns_on_time_when_a_job_ignores_cancellation(

@@ -175,6 +175,16 @@ SERVE_OFF_THE_MAIN_THREAD = textwrap.dedent(
     queue = syncjobs.InMemoryJobQueue(2, shutdown_grace=0.5)
 
     running = threading.Event()
+    ready = threading.Event()
+
+    class Out:  # serve()'s output: the readiness line says it is serving
+        def write(self, text):
+            if "syncjobs worker ready" in text:
+                ready.set()
+            return sys.stdout.write(text)
+
+        def flush(self):
+            sys.stdout.flush()
 
     @queue.register
     class Nap(syncjobs.Job):
@@ -186,12 +196,13 @@ SERVE_OFF_THE_MAIN_THREAD = textwrap.dedent(
     if not burst:
         queue.dispatch(Nap())  # still running when the interpreter exits
     # As under Django's autoreloader: serve() in a thread, no signal handlers.
-    server = threading.Thread(target=serve, args=([queue],), kwargs={"burst": burst}, daemon=True)
+    server = threading.Thread(target=serve, args=([queue],), kwargs={"burst": burst, "out": Out()}, daemon=True)
     server.start()
     if burst:
         server.join(30)
         print("served", not server.is_alive(), flush=True)
     else:
+        assert ready.wait(30), "serve() never said it was ready"
         assert running.wait(30), "the job never started"
     # The main thread ends here: the exit hook stops the workers (or finds them stopped).
     """

@@ -429,7 +429,8 @@ class DatabaseStore:
         for thread in self._threads:
             # The listener leaves within poll_interval on its own (it is a
             # daemon, blocked in the driver); shutdown does not wait for it.
-            if thread.name != "syncjobs-listener":
+            # One that never started (open() failed before it) has nothing to join.
+            if thread.name != "syncjobs-listener" and thread.ident is not None:
                 thread.join(timeout=10.0)
         self._threads = []
         # Claimed for a worker that never took them: back to the queue, no run spent.
