@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .envelope import DeadLetter
 from .errors import QueueError
 from .job import Job
 
@@ -52,6 +53,19 @@ def decode(text: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"payload must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def dead_letter_from_text(job_id: str, name: str, payload: str, attempts: int, error: str) -> DeadLetter:
+    """The DeadLetter of a job whose payload is JSON text.
+
+    A payload that is not a JSON object (the reason it died, maybe) shows as
+    ``{}``: a dead-letter handler must get its letter whatever the payload.
+    """
+    try:
+        data = decode(payload)
+    except ValueError:
+        data = {}
+    return DeadLetter(job_id, name, data, attempts, error)
 
 
 def describe_problem(payload: dict[str, Any]) -> str:

@@ -22,10 +22,10 @@ from typing import Protocol
 
 from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
-from .envelope import DeadLetter, Envelope
+from .envelope import Envelope
 from .errors import Cancelled, Fatal, Retryable
 from .job import Job
-from .payload import decode
+from .payload import dead_letter_from_text, decode
 from .registry import Registry
 from .retry import retry_backoff
 
@@ -394,11 +394,7 @@ class WorkerPool:
     def _dead(self, envelope: Envelope, error: str, exc: BaseException | None = None) -> None:
         # The store first, so pending_count() is already down when callbacks run.
         self._store.dead(envelope, error)
-        try:
-            payload = decode(envelope.payload)
-        except ValueError:
-            payload = {}
-        dead = DeadLetter(envelope.id, envelope.name, payload, envelope.attempt, error)
+        dead = dead_letter_from_text(envelope.id, envelope.name, envelope.payload, envelope.attempt, error)
         self._dead_letters.emit(dead, envelope.context, exc)
 
 

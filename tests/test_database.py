@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import importlib
+import json
 import os
 import random
 import shutil
@@ -135,6 +136,7 @@ def test_malformed_rows_become_dead_letters_and_the_worker_goes_on(
     queue.install_schema()
     bad = (
         [("tests.probe", "{not json")] * 70
+        + [("tests.probe", "[1, 2]")] * 10
         + [("tests.nobody_registered_this", '{"probe": "x"}')] * 70
         + [("tests.probe", '{"probe": "x", "no_such_field": 1}')] * 60
     )
@@ -146,13 +148,23 @@ def test_malformed_rows_become_dead_letters_and_the_worker_goes_on(
         execute(db_url, insert, (str(uuid.uuid4()), queue.queue_name, name, payload))
     good = Probe()
     queue.dispatch(ProbeJob(good.id))
+    handed: list[syncjobs.DeadLetter] = []
+    queue.on_dead_letter(handed.append)
     with queue:
         assert queue.join(WAIT * 3)
     assert len(good.runs) == 1
     letters = queue.dead_letters(limit=500)
     reasons = Counter(d.error.split(":")[0] + ":" + d.error.split(":")[1][:30] for d in letters)
-    assert len(letters) == 200, reasons
+    assert len(letters) == 210, reasons
     assert sum("payload does not fit" in d.error and "JSONDecodeError" in d.error for d in letters) == 70
+    assert sum("payload must be a JSON object, got list" in d.error for d in letters) == 10
+    # A payload that is not a JSON object shows as {}, in the rows and to the handlers alike.
+    for dead in (letters, handed):
+        assert Counter(json.dumps(d.payload, sort_keys=True) for d in dead) == {
+            "{}": 80,
+            '{"probe": "x"}': 70,
+            '{"no_such_field": 1, "probe": "x"}': 60,
+        }
     assert sum("no job class is registered as 'tests.nobody_registered_this'" in d.error for d in letters) == 70
     assert sum("unexpected keyword argument 'no_such_field'" in d.error for d in letters) == 60
     assert all(d.attempts == 0 for d in letters)

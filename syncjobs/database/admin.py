@@ -7,13 +7,13 @@ own ``dead_letters()``, ``retry_dead()`` and ``purge_dead()`` run.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..envelope import DeadLetter
 from ..errors import QueueError
+from ..payload import dead_letter_from_text
 from . import queries
 from .dialects import Connector, check_table
 from .schema import SCHEMA_VERSION, ddl, record_version
@@ -70,11 +70,7 @@ class DeadRow:
     age: float
 
     def dead_letter(self) -> DeadLetter:
-        try:
-            data = json.loads(self.payload)
-        except ValueError:
-            data = {}
-        return DeadLetter(self.id, self.name, data if isinstance(data, dict) else {}, self.attempts, self.error)
+        return dead_letter_from_text(self.id, self.name, self.payload, self.attempts, self.error)
 
 
 class TableAdmin:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import math
 import time
@@ -13,6 +12,7 @@ from typing import Any
 from ..envelope import DeadLetter, Envelope
 from ..errors import QueueError
 from ..job import Job
+from ..payload import dead_letter_from_text
 from ..queue import DEFAULT_SHUTDOWN_GRACE, Delay, StoreQueue, delay_seconds, new_envelope
 from .admin import TableAdmin
 from .dialects import Connector, check_table
@@ -186,13 +186,7 @@ class DatabaseJobQueue(StoreQueue):
         return self.admin.purge(older_than=older_than, queue=self.queue_name)
 
     def _expired_dead(self, envelope: Envelope, error: str) -> None:
-        try:
-            payload = json.loads(envelope.payload)
-        except ValueError:
-            payload = {}
-        dead = DeadLetter(
-            envelope.id, envelope.name, payload if isinstance(payload, dict) else {}, envelope.attempt, error
-        )
+        dead = dead_letter_from_text(envelope.id, envelope.name, envelope.payload, envelope.attempt, error)
         self._dead_letters.emit(dead, envelope.context)
 
 
