@@ -8,7 +8,7 @@ import datetime
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -227,6 +227,20 @@ class StoreQueue:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.shutdown()
+
+
+def shutdown_in_turn(queues: Iterable[StoreQueue]) -> None:
+    """Shut ``queues`` down one after another, from this thread, each with its grace.
+
+    Every queue stops claiming first, so none takes a new job while another
+    drains. No thread is started: what stops workers while the interpreter
+    exits (which refuses new threads since Python 3.12) can use it.
+    """
+    queues = list(queues)
+    for queue in queues:
+        queue.stop_claiming()
+    for queue in queues:
+        queue.shutdown()
 
 
 def _check_grace(value: float, what: str) -> float:

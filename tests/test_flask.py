@@ -22,6 +22,19 @@ def seen(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
 
 
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` in a fresh interpreter (its exit is what a test watches), with the tests importable."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        check=False,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+        timeout=60,
+    )
+
+
 def state(app: Any) -> AppQueues:
     found: AppQueues = app.extensions["syncjobs"]
     return found
@@ -107,15 +120,7 @@ FORKING_SERVER = textwrap.dedent(
 def test_embedded_workers_start_after_the_fork_and_stop_with_the_grace_at_exit(tmp_path: Path) -> None:
     db, out = tmp_path / "jobs.db", tmp_path / "seen.jsonl"
     url = f"sqlite:///{db}"
-    proc = subprocess.run(
-        [sys.executable, "-c", FORKING_SERVER, url, str(out)],
-        capture_output=True,
-        check=False,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": ROOT},
-        timeout=60,
-    )
+    proc = run_script(FORKING_SERVER, url, str(out))
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     child, parent = lines[0], lines[1]
@@ -127,3 +132,58 @@ def test_embedded_workers_start_after_the_fork_and_stop_with_the_grace_at_exit(t
     assert record["pid"] == child["pid"] != parent["pid"]  # ran in the child
     # The long job was handed back at exit, its run spent.
     assert execute(url, "SELECT state, attempt FROM syncjobs_jobs") == [("queued", 1)]
+
+
+DISPATCH_DURING_THE_EXIT = textwrap.dedent(
+    """
+    import dataclasses, sys, threading
+    import syncjobs
+    from syncjobs.contrib.flask import AppQueues
+    from tests.flask_app import create_app, jobs
+
+    exit_began, running = threading.Event(), threading.Event()
+    stop_workers = AppQueues.shutdown
+
+    def observed_shutdown(self):  # only observes: the exit hook's shutdown has begun
+        exit_began.set()
+        stop_workers(self)
+
+    AppQueues.shutdown = observed_shutdown
+
+    @jobs.register
+    @dataclasses.dataclass
+    class Follow(syncjobs.Job):
+        NAME = "follow"
+        def run(self):
+            pass
+
+    @jobs.register
+    @dataclasses.dataclass
+    class Lead(syncjobs.Job):
+        NAME = "lead"
+        def run(self):
+            running.set()
+            assert exit_began.wait(30)
+            jobs.dispatch(Follow())  # in the grace, as a job that dispatches the next step
+            print("dispatched in the grace", flush=True)
+
+    app = create_app(SYNCJOBS_URL=sys.argv[1], SYNCJOBS_EMBEDDED=True, SYNCJOBS_GRACE=5, SYNCJOBS_WORKERS=2)
+    with app.app_context():
+        jobs.dispatch(Lead())
+    assert running.wait(30)
+    # The main thread ends: the exit hook stops the workers, giving Lead its grace.
+    """
+)
+
+
+def test_a_job_dispatching_during_the_exit_starts_no_workers(tmp_path: Path) -> None:
+    # The workers used to be forgotten before their grace: a dispatch then
+    # started fresh ones, which the exiting interpreter refused (3.12) or
+    # never stopped (3.13: a hang).
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    proc = run_script(DISPATCH_DURING_THE_EXIT, url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "dispatched in the grace\n", proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    # Lead finished within its grace; Follow waits for the next worker.
+    assert execute(url, "SELECT name, state, attempt FROM syncjobs_jobs") == [("follow", "queued", 0)]

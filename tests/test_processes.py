@@ -8,7 +8,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
+import pytest
+
+import syncjobs
 from tests.helpers import WAIT
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,3 +225,62 @@ def test_serve_off_the_main_thread_lets_the_interpreter_exit() -> None:
     assert proc.returncode == 0, err
     assert "the interpreter is exiting: stopping; running jobs get 0.5s" in err
     assert re.search(r"job nap \(\S+\) run 1 of 5 in [\d.]+ms: aborted: handed back at shutdown", err), err
+
+
+SERVE_OFF_THE_MAIN_THREAD_STOPPING = textwrap.dedent(
+    """
+    import logging, sys, threading
+    import syncjobs
+    from syncjobs.cli.worker import serve
+
+    logging.basicConfig(level=logging.INFO)
+    mode, url = sys.argv[1], sys.argv[2]
+    queue = syncjobs.DatabaseJobQueue(url, workers=2, shutdown_grace=0.5, poll_interval=0.2)
+    moment = threading.Event()
+
+    class Out:
+        def write(self, text):
+            if mode == "burst" and "syncjobs worker ready" in text:
+                moment.set()
+            return sys.stdout.write(text)
+
+        def flush(self):
+            sys.stdout.flush()
+
+    class Spot(logging.Handler):
+        def emit(self, record):
+            if mode == "max-jobs" and "max-jobs reached: stopping" in record.getMessage():
+                moment.set()
+
+    logging.getLogger("syncjobs.worker").addHandler(Spot())
+
+    @queue.register
+    class Quick(syncjobs.Job):
+        NAME = "quick"
+        def run(self):
+            pass
+
+    for _ in range(4):
+        queue.dispatch(Quick())
+    options = {"burst": True} if mode == "burst" else {"max_jobs": 1}
+    threading.Thread(target=serve, args=([queue],), kwargs={**options, "out": Out()}, daemon=True).start()
+    assert moment.wait(30), "serve() never got there"
+    # The main thread ends as serve() stops (max-jobs) or right after it is ready
+    # (burst): as under Django's autoreloader when a file changes.
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["max-jobs", "burst"])
+def test_serve_off_the_main_thread_starts_no_thread_once_the_interpreter_may_exit(mode: str, tmp_path: Path) -> None:
+    # Python 3.12+ refuses new threads once the main thread has ended; serve()
+    # used to start its stopper then, and the database workers were never stopped.
+    proc = _python("-c", SERVE_OFF_THE_MAIN_THREAD_STOPPING, mode, f"sqlite:///{tmp_path / 'jobs.db'}")
+    out, err = _communicate(proc, WAIT + 20)
+    assert proc.returncode == 0, err
+    assert "syncjobs worker ready" in out
+    assert "Traceback" not in err, err
+    assert "stopped" in err, err
+    # Every run ended, or was handed back: no row is left leased to a process that is gone.
+    stats = syncjobs.DatabaseJobQueue(f"sqlite:///{tmp_path / 'jobs.db'}").admin.stats()
+    assert [counts.running for counts in stats.queues] == [0]

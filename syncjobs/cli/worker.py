@@ -22,7 +22,7 @@ from typing import TextIO
 
 from ..database import DatabaseJobQueue
 from ..exit_hooks import before_threads_join
-from ..queue import StoreQueue
+from ..queue import StoreQueue, shutdown_in_turn
 from ..worker import Outcome, RunReport
 from .target import CommandError, masked, one_line, queue_for
 
@@ -103,20 +103,25 @@ def serve(
     if not any(q.registered_names() for q in queues):
         logger.warning("no job classes are registered: every job this worker claims becomes a dead letter")
     events: stdqueue.SimpleQueue[_Event] = stdqueue.SimpleQueue()
+    stopping = threading.Event()  # ends the --burst watcher
     if threading.current_thread() is not threading.main_thread():
         serving = _Serving(events)
         before_threads_join(serving.exit)
         try:
-            return _serve(queues, events, max_jobs=max_jobs, burst=burst, out=out, exit_if_stuck=exit_if_stuck)
+            _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out)
+            return _stop_here(queues, events.get(), exit_if_stuck)
         finally:
+            stopping.set()
             serving.over()
     previous = {
         signum: signal.signal(signum, lambda signum, _frame: events.put(_Event("signal", signum)))
         for signum in _STOP_SIGNALS
     }
     try:
-        return _serve(queues, events, max_jobs=max_jobs, burst=burst, out=out, exit_if_stuck=exit_if_stuck)
+        _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out)
+        return _stop_on_signals(queues, events, exit_if_stuck)
     finally:
+        stopping.set()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
@@ -154,44 +159,60 @@ class _Serving:
 def _serve(
     queues: Sequence[StoreQueue],
     events: stdqueue.SimpleQueue[_Event],
+    stopping: threading.Event,
     *,
     max_jobs: int | None,
     burst: bool,
     out: TextIO,
-    exit_if_stuck: bool,
-) -> int:
+) -> None:
+    """Start the workers (and what stops them) and print the readiness line."""
     if max_jobs:
         _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
     for queue in queues:
         queue.observe_runs(_log_run)
     _start(queues)
+    if burst:
+        # Before the readiness line: once it is out, the caller may end the
+        # main thread, and then (Python 3.12+) no thread may start.
+        try:
+            threading.Thread(
+                target=_watch_drained, args=(queues, stopping, events), name="syncjobs-burst", daemon=True
+            ).start()
+        except RuntimeError as exc:
+            shutdown_in_turn(queues)
+            raise CommandError(f"cannot start: {one_line(exc)}") from exc
     out.write(f"syncjobs worker ready: pid {os.getpid()}, {_describe(queues)}\n")
     out.flush()
-    stop_burst = threading.Event()
-    if burst:
-        threading.Thread(
-            target=_watch_drained, args=(queues, stop_burst, events), name="syncjobs-burst", daemon=True
-        ).start()
 
-    event = events.get()
-    exiting = event.done
-    stop_burst.set()
+
+def _stop_here(queues: Sequence[StoreQueue], event: _Event, exit_if_stuck: bool) -> int:
+    """Off the main thread: stop in this thread, which no second signal can reach.
+
+    The interpreter may be exiting (the main thread has ended), and then no
+    new thread may start, so the queues stop one after another, here.
+    """
     threads = [thread for queue in queues for thread in queue.worker_threads()]
     _log_stop(event, queues[0].shutdown_grace)
-    if exiting is not None:
-        # The interpreter is exiting: no new thread may start now, so one
-        # queue after another, here; then the interpreter goes on.
-        for queue in queues:
-            queue.shutdown()
+    try:
+        shutdown_in_turn(queues)
         logger.info("stopped")
-        exiting.set()
-        return 0
+    finally:
+        if event.done is not None:  # the exit hook waits for this; the interpreter goes on
+            event.done.set()
+    if event.done is None and exit_if_stuck:
+        _leave_stuck(threads, 0)
+    return 0
+
+
+def _stop_on_signals(queues: Sequence[StoreQueue], events: stdqueue.SimpleQueue[_Event], exit_if_stuck: bool) -> int:
+    """On the main thread: a helper thread stops the queues, so that a second signal can cut the grace."""
+    event = events.get()
+    threads = [thread for queue in queues for thread in queue.worker_threads()]
+    _log_stop(event, queues[0].shutdown_grace)
     stopper = threading.Thread(target=_shutdown, args=(queues, events), name="syncjobs-stopper")
     stopper.start()
     forced = 0
     while (event := events.get()).kind != "stopped":
-        if event.done is not None:  # the interpreter exits meanwhile: it waits for the stop
-            exiting = event.done
         if event.kind == "signal" and not forced:
             forced = event.signum
             logger.warning("%s again: handing running jobs back now", signal.Signals(event.signum).name)
@@ -199,9 +220,6 @@ def _serve(
                 queue.end_grace()
     stopper.join()
     logger.info("stopped")
-    if exiting is not None:  # the interpreter is exiting: it goes on from here
-        exiting.set()
-        return 0
     code = 128 + forced if forced else 0
     if exit_if_stuck:
         _leave_stuck(threads, code)
@@ -252,10 +270,12 @@ def _shutdown(queues: Sequence[StoreQueue], events: stdqueue.SimpleQueue[_Event]
         events.put(_Event("stopped"))
 
 
-def _watch_drained(queues: Sequence[StoreQueue], stop: threading.Event, events: stdqueue.SimpleQueue[_Event]) -> None:
+def _watch_drained(
+    queues: Sequence[StoreQueue], stopping: threading.Event, events: stdqueue.SimpleQueue[_Event]
+) -> None:
     # A look every poll interval; a job finishing here wakes it sooner.
     interval = 0.2
-    while not stop.is_set():
+    while not stopping.is_set():
         try:
             if all(queue.drained() for queue in queues):
                 events.put(_Event("burst"))

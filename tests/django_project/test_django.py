@@ -89,6 +89,25 @@ def test_memory_backend_hands_the_job_over_on_commit_only() -> None:
         assert Order.objects.get(number="M-2").confirmed
 
 
+def test_a_memory_queue_that_cannot_start_takes_no_job_and_starts_at_the_next_dispatch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse() -> None:  # what an exiting interpreter (Python 3.12+) answers
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    with override_settings(SYNCJOBS={"BACKEND": "memory", "WORKERS": 1}):
+        queue = sj.get_queue()
+        monkeypatch.setattr(queue, "start", refuse)
+        Order.objects.create(number="S-1")
+        with pytest.raises(RuntimeError, match="can't create new thread"):
+            sj.dispatch(jobs.ConfirmOrder(number="S-1", database="default"))
+        assert queue.pending_count() == 0  # refused: not handed over to workers that do not run
+        monkeypatch.undo()
+        sj.dispatch(jobs.ConfirmOrder(number="S-1", database="default"))
+        assert queue.join(timeout=10)
+        assert Order.objects.get(number="S-1").confirmed
+
+
 def test_a_job_that_cannot_be_dispatched_is_refused_at_once_even_inside_atomic() -> None:
     with (
         override_settings(SYNCJOBS={"BACKEND": "memory"}),

@@ -92,8 +92,8 @@ def dispatch(job: Job, *, delay: Delay = None, queue: str | None = None, using: 
             return target.dispatch(job, delay=delay, connection=connection.connection)
         return target.dispatch(job, delay=delay)
     prepared = target.prepare(job, delay=delay)
+    _ensure_embedded(config, target)  # first: a queue that cannot start gets no job to lose
     transaction.on_commit(prepared.submit, using=using or DEFAULT_DB_ALIAS)
-    _ensure_embedded(config, target)
     return prepared.id
 
 
@@ -147,7 +147,12 @@ def _ensure_embedded(config: conf.Config, queue: StoreQueue) -> None:
         if _started_in.get(id(queue)) == os.getpid():
             return
         _started_in[id(queue)] = os.getpid()
-    queue.start()
+    try:
+        queue.start()
+    except BaseException:
+        with _lock:  # the next dispatch tries again
+            _started_in.pop(id(queue), None)
+        raise
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ from flask import Flask, current_app
 
 from ...exit_hooks import before_threads_join
 from ...job import Job
-from ...queue import DEFAULT_SHUTDOWN_GRACE, Delay, StoreQueue
+from ...queue import DEFAULT_SHUTDOWN_GRACE, Delay, StoreQueue, shutdown_in_turn
 from ...settings import connect
 
 J = TypeVar("J", bound=type[Job])
@@ -80,6 +80,9 @@ class AppQueues:
         self._queues: dict[str, StoreQueue] = {}
         self._pid = os.getpid()
         self._started = False
+        #: The process whose exit hook is registered; set once it exits.
+        self._hooked = 0
+        self._exiting = False
         #: False in a process that ``flask syncjobs worker`` runs: it has its workers.
         self.embedded_allowed = True
 
@@ -119,25 +122,54 @@ class AppQueues:
         return self.queue(queue).dispatch(job, delay=delay)
 
     def ensure_embedded(self) -> None:
-        """Embedded mode: start this process's workers, once, after any fork."""
+        """Embedded mode: start this process's workers, once, after any fork.
+
+        Never once the interpreter exits: workers started then could not be
+        stopped (and Python 3.12+ refuses their threads anyway). A job
+        dispatched then stays queued.
+        """
         if not self.embedded:
             return
         with self._lock:
             self._forget_parent()
-            if self._started:
+            if self._started or self._exiting:
                 return
+            # The exit hook first, once per process: whatever starts below is stopped at exit.
+            if self._hooked != os.getpid():
+                if not before_threads_join(self._at_exit):
+                    return  # the interpreter is exiting already
+                self._hooked = os.getpid()
             self._started = True
-        for name in self.app.config["SYNCJOBS_QUEUES"]:
-            self.queue(name).start()
-        before_threads_join(self.shutdown)
+        started: list[StoreQueue] = []
+        try:
+            for name in self.app.config["SYNCJOBS_QUEUES"]:
+                queue = self.queue(name)
+                queue.start()
+                started.append(queue)
+        except BaseException:
+            shutdown_in_turn(started)  # the queue that failed has stopped itself
+            with self._lock:
+                self._started = False
+            raise
 
     def shutdown(self) -> None:
+        """Stop this process's workers, each queue with its grace; a later dispatch starts them again.
+
+        The queues stay: jobs dispatched meanwhile (by a job running in the
+        grace, say) are still in them, not in new ones nobody runs.
+        """
         with self._lock:
             queues = list(self._queues.values())
-            self._queues.clear()
+        shutdown_in_turn(queues)
+        with self._lock:
             self._started = False
-        for queue in queues:
-            queue.shutdown()
+
+    def _at_exit(self) -> None:
+        with self._lock:
+            if self._hooked != os.getpid():  # a forked child inherits the hook, not the workers
+                return
+            self._exiting = True
+        self.shutdown()
 
     def _forget_parent(self) -> None:
         # Queues (and their connections) built before a fork belong to the
