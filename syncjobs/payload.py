@@ -63,7 +63,7 @@ def dead_letter_from_text(job_id: str, name: str, payload: str, attempts: int, e
     """
     try:
         data = decode(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
         data = {}
     return DeadLetter(job_id, name, data, attempts, error)
 

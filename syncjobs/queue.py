@@ -155,8 +155,10 @@ class StoreQueue:
                     # before one could not (no thread may start once the
                     # interpreter exits): stop them as shutdown() would, so a
                     # failed start() leaves nothing running and nothing taken.
-                    self._pool.shutdown(self.shutdown_grace)
-                    self._store.close()
+                    try:
+                        self._pool.shutdown(self.shutdown_grace)
+                    finally:
+                        self._store.close()
                     raise
 
     def shutdown(self, grace: float | None = None) -> None:

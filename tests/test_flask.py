@@ -10,6 +10,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from syncjobs.contrib.flask import AppQueues
 from tests.flask_app import create_app
 from tests.helpers import WAIT
@@ -138,17 +140,17 @@ DISPATCH_DURING_THE_EXIT = textwrap.dedent(
     """
     import dataclasses, sys, threading
     import syncjobs
-    from syncjobs.contrib.flask import AppQueues
+    from syncjobs.queue import StoreQueue
     from tests.flask_app import create_app, jobs
 
     exit_began, running = threading.Event(), threading.Event()
-    stop_workers = AppQueues.shutdown
+    stop_claiming = StoreQueue.stop_claiming
 
-    def observed_shutdown(self):  # only observes: the exit hook's shutdown has begun
+    def observed_stop_claiming(self):  # only observes: the exit hook's shutdown has begun
+        stop_claiming(self)
         exit_began.set()
-        stop_workers(self)
 
-    AppQueues.shutdown = observed_shutdown
+    StoreQueue.stop_claiming = observed_stop_claiming
 
     @jobs.register
     @dataclasses.dataclass
@@ -176,14 +178,20 @@ DISPATCH_DURING_THE_EXIT = textwrap.dedent(
 )
 
 
-def test_a_job_dispatching_during_the_exit_starts_no_workers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_job_dispatching_during_the_exit_gets_its_grace_and_starts_no_workers(backend: str, tmp_path: Path) -> None:
     # The workers used to be forgotten before their grace: a dispatch then
     # started fresh ones, which the exiting interpreter refused (3.12) or
     # never stopped (3.13: a hang).
-    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    url = "memory://" if backend == "memory" else f"sqlite:///{tmp_path / 'jobs.db'}"
     proc = run_script(DISPATCH_DURING_THE_EXIT, url)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "dispatched in the grace\n", proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    # Lead finished within its grace; Follow waits for the next worker.
-    assert execute(url, "SELECT name, state, attempt FROM syncjobs_jobs") == [("follow", "queued", 0)]
+    # Lead finished within its grace (with memory:// too, whose own exit hook has none) ...
+    assert "still running after the shutdown grace" not in proc.stderr, proc.stderr
+    # ... and Follow waits for the next worker, or dies with the process.
+    if backend == "memory":
+        assert "exiting with 1 job(s) still pending in an in-memory queue: they are lost" in proc.stderr
+    else:
+        assert execute(url, "SELECT name, state, attempt FROM syncjobs_jobs") == [("follow", "queued", 0)]

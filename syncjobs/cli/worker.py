@@ -103,13 +103,15 @@ def serve(
     if not any(q.registered_names() for q in queues):
         logger.warning("no job classes are registered: every job this worker claims becomes a dead letter")
     events: stdqueue.SimpleQueue[_Event] = stdqueue.SimpleQueue()
-    stopping = threading.Event()  # ends the --burst watcher
+    stopping = threading.Event()  # ends the --burst watcher once a stop begins
     if threading.current_thread() is not threading.main_thread():
         serving = _Serving(events)
         before_threads_join(serving.exit)
         try:
             _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out)
-            return _stop_here(queues, events.get(), exit_if_stuck)
+            event = events.get()
+            stopping.set()
+            return _stop_here(queues, event, exit_if_stuck)
         finally:
             stopping.set()
             serving.over()
@@ -119,7 +121,9 @@ def serve(
     }
     try:
         _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out)
-        return _stop_on_signals(queues, events, exit_if_stuck)
+        event = events.get()
+        stopping.set()
+        return _stop_on_signals(queues, event, events, exit_if_stuck)
     finally:
         stopping.set()
         for signum, handler in previous.items():
@@ -204,9 +208,10 @@ def _stop_here(queues: Sequence[StoreQueue], event: _Event, exit_if_stuck: bool)
     return 0
 
 
-def _stop_on_signals(queues: Sequence[StoreQueue], events: stdqueue.SimpleQueue[_Event], exit_if_stuck: bool) -> int:
+def _stop_on_signals(
+    queues: Sequence[StoreQueue], event: _Event, events: stdqueue.SimpleQueue[_Event], exit_if_stuck: bool
+) -> int:
     """On the main thread: a helper thread stops the queues, so that a second signal can cut the grace."""
-    event = events.get()
     threads = [thread for queue in queues for thread in queue.worker_threads()]
     _log_stop(event, queues[0].shutdown_grace)
     stopper = threading.Thread(target=_shutdown, args=(queues, events), name="syncjobs-stopper")
@@ -281,6 +286,8 @@ def _watch_drained(
                 events.put(_Event("burst"))
                 return
         except Exception:
+            if stopping.is_set():  # the stores are closing under it: nothing left to watch
+                return
             logger.exception("checking whether the queue is empty failed; trying again")
         queues[0].wait_finished(interval)
 

@@ -92,7 +92,7 @@ def dispatch(job: Job, *, delay: Delay = None, queue: str | None = None, using: 
             return target.dispatch(job, delay=delay, connection=connection.connection)
         return target.dispatch(job, delay=delay)
     prepared = target.prepare(job, delay=delay)
-    _ensure_embedded(config, target)  # first: a queue that cannot start gets no job to lose
+    _ensure_embedded(config, target)  # first: a dispatch whose start fails hands over no job
     transaction.on_commit(prepared.submit, using=using or DEFAULT_DB_ALIAS)
     return prepared.id
 

@@ -80,8 +80,9 @@ class AppQueues:
         self._queues: dict[str, StoreQueue] = {}
         self._pid = os.getpid()
         self._started = False
-        #: The process whose exit hook is registered; set once it exits.
+        #: The pid of the process that registered the exit hook.
         self._hooked = 0
+        #: Set by the exit hook: no worker starts any more.
         self._exiting = False
         #: False in a process that ``flask syncjobs worker`` runs: it has its workers.
         self.embedded_allowed = True
@@ -134,20 +135,29 @@ class AppQueues:
             self._forget_parent()
             if self._started or self._exiting:
                 return
-            # The exit hook first, once per process: whatever starts below is stopped at exit.
-            if self._hooked != os.getpid():
-                if not before_threads_join(self._at_exit):
-                    return  # the interpreter is exiting already
-                self._hooked = os.getpid()
             self._started = True
         started: list[StoreQueue] = []
         try:
-            for name in self.app.config["SYNCJOBS_QUEUES"]:
-                queue = self.queue(name)
-                queue.start()
+            # Built before the exit hook is registered: an in-memory queue
+            # registers its own (no grace) when built, and exit hooks run
+            # last-registered first, so ours, with the grace, must come later.
+            queues = [self.queue(name) for name in self.app.config["SYNCJOBS_QUEUES"]]
+            with self._lock:
+                if self._hooked != os.getpid():
+                    if not before_threads_join(self._at_exit):
+                        self._started = False
+                        return  # the interpreter is exiting already
+                    self._hooked = os.getpid()
+            for queue in queues:
+                # Under the lock the exit hook sets _exiting under: a start
+                # either comes before its stop, or does not happen.
+                with self._lock:
+                    if self._exit_began():
+                        return
+                    queue.start()
                 started.append(queue)
         except BaseException:
-            shutdown_in_turn(started)  # the queue that failed has stopped itself
+            shutdown_in_turn(started)  # a queue that failed has stopped itself
             with self._lock:
                 self._started = False
             raise
@@ -164,9 +174,16 @@ class AppQueues:
         with self._lock:
             self._started = False
 
+    def _exit_began(self) -> bool:
+        # A call, not the attribute inline: the exit hook sets it from another
+        # thread, after ensure_embedded() has read it once.
+        return self._exiting
+
     def _at_exit(self) -> None:
         with self._lock:
-            if self._hooked != os.getpid():  # a forked child inherits the hook, not the workers
+            # A forked child inherits its parent's hook (not its workers); a
+            # child that started workers has its own, and a second shutdown is harmless.
+            if self._hooked != os.getpid():
                 return
             self._exiting = True
         self.shutdown()
