@@ -9,7 +9,8 @@ from .envelope import DeadLetter
 from .errors import Cancelled, Fatal, JobError, QueueError, Retryable
 from .job import DEFAULT_MAX_ATTEMPTS, Job
 from .memory import InMemoryJobQueue
-from .queue import DEFAULT_SHUTDOWN_GRACE, JobQueue
+from .protocols import JobQueue
+from .queue import DEFAULT_SHUTDOWN_GRACE
 from .retry import MAX_BACKOFF, retry_backoff, wait_seconds
 from .settings import connect, from_settings, inmemory_from_settings
 

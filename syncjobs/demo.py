@@ -28,7 +28,8 @@ from .envelope import DeadLetter
 from .errors import Fatal, Retryable
 from .job import Job
 from .memory import InMemoryJobQueue
-from .queue import JobQueue
+from .protocols import JobQueue
+from .urls import mask_url
 
 # The demo's run id reaches the jobs the way a request id would: through the
 # context captured at dispatch (a database queue carries it as JSON), and
@@ -188,11 +189,12 @@ def run_demo(
     """Run the demo; returns the process exit code (0 when every job ended as expected)."""
     out = out or sys.stdout
     with contextlib.ExitStack() as cleanup:
-        where = url
         if url is None:
             folder = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="syncjobs-demo-"))
             url, where = f"sqlite:///{folder}/jobs.db", "SQLite in a temporary file"
-        return _run(url, where or url, jobs=jobs, workers=workers, grace=grace, seed=seed, out=out, log_level=log_level)
+        else:
+            where = mask_url(url)
+        return _run(url, where, jobs=jobs, workers=workers, grace=grace, seed=seed, out=out, log_level=log_level)
 
 
 def _make_queue(url: str, run_id: str, workers: int, grace: float) -> JobQueue:

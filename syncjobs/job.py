@@ -10,6 +10,8 @@ from typing_extensions import Self
 from .retry import retry_backoff
 
 DEFAULT_MAX_ATTEMPTS = 5
+#: The longest NAME: the size of the jobs table's ``name`` column.
+MAX_NAME_LENGTH = 200
 
 
 class Job:
@@ -100,6 +102,15 @@ def check_name(cls: type) -> str:
         raise TypeError(
             f"job class {cls.__qualname__} needs a NAME: a non-empty string that routes payloads to it (got {name!r})"
         )
+    if len(name) > MAX_NAME_LENGTH:
+        raise TypeError(
+            f"job class {cls.__qualname__}: NAME is {len(name)} characters long, at most {MAX_NAME_LENGTH} fit "
+            f"the jobs table (got {name[:40]!r}…)"
+        )
+    if not name.isprintable():
+        # NUL, control characters and lone surrogates: no database stores
+        # them all, and a NAME is shown in logs and by the CLI.
+        raise TypeError(f"job class {cls.__qualname__}: NAME {name!r} must be printable characters only")
     return name
 
 

@@ -11,11 +11,9 @@ import logging
 import queue
 import threading
 import time
-import weakref
 from collections.abc import Callable
 
 from .envelope import Envelope
-from .exit_hooks import before_threads_join
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from .timers import TimerHeap
 
@@ -88,7 +86,7 @@ class MemoryStore:
     def open(self) -> None:
         self.timers.start()
 
-    def close(self) -> None:
+    def close(self, deadline: float | None = None) -> None:
         self.timers.stop()
 
     def _finish(self) -> None:
@@ -114,23 +112,13 @@ class InMemoryJobQueue(StoreQueue):
     ) -> None:
         self._memory = MemoryStore(clock)
         super().__init__(self._memory, workers=workers, shutdown_grace=shutdown_grace, clock=clock)
-        _watch_at_exit(self)
-
-    def start(self) -> None:
-        super().start()
-        # Held strongly while running: a started queue that its owner dropped
-        # still has workers, and must still be stopped (and counted) at exit.
-        _exit_watch.started.add(self)
-
-    def shutdown(self, grace: float | None = None) -> None:
-        super().shutdown(grace)
-        _exit_watch.started.discard(self)
 
     def parked(self) -> list[tuple[float, str]]:
         """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""
         return [(due, envelope.id) for due, envelope in self._memory.timers.entries()]
 
-    def _exit_interpreter(self) -> None:
+    def stop_at_exit(self) -> None:
+        """At interpreter exit: stop the workers at once, and warn of the jobs that are lost."""
         self.shutdown(grace=0)
         lost = self.pending_count()
         if lost:
@@ -140,35 +128,3 @@ class InMemoryJobQueue(StoreQueue):
                 lost,
                 extra={"lost": lost},
             )
-
-
-class _ExitWatch:
-    """The in-memory queues alive in this process, stopped when the interpreter exits."""
-
-    def __init__(self) -> None:
-        self.live: weakref.WeakSet[InMemoryJobQueue] = weakref.WeakSet()
-        self.started: set[InMemoryJobQueue] = set()
-        self.lock = threading.Lock()
-        self.registered = False
-
-
-_exit_watch = _ExitWatch()
-
-
-def _watch_at_exit(queue: InMemoryJobQueue) -> None:
-    _exit_watch.live.add(queue)
-    with _exit_watch.lock:
-        if _exit_watch.registered:
-            return
-        # Stopped before the interpreter joins their (non-daemon) threads.
-        if not before_threads_join(_exit_interpreter):
-            return
-        _exit_watch.registered = True
-
-
-def _exit_interpreter() -> None:
-    for live_queue in list(_exit_watch.live):
-        try:
-            live_queue._exit_interpreter()
-        except Exception:
-            logger.exception("syncjobs could not stop an in-memory queue at exit")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .envelope import DeadLetter
@@ -14,6 +15,9 @@ from .job import Job
 # allow_nan=False: NaN and Infinity are not JSON; other parsers reject them.
 _encoder = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 _decode = json.loads
+# A lone surrogate: Python strings can hold one, UTF-8 (and so every database
+# driver) cannot; the memory backend refuses it too, so that backends agree.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # The C scanner behind json.loads, without its type checks and whitespace
 # regexes: for text that _encoder just wrote, which has no whitespace around it.
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
@@ -38,6 +42,8 @@ def encode(job: Job) -> tuple[str, dict[str, Any]]:
         raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {describe_problem(payload)}") from exc
     except RecursionError as exc:
         raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
+    if not text.isascii() and _SURROGATE.search(text):
+        raise QueueError(f"job {job.NAME!r}: payload is not valid Unicode: {describe_problem(payload)}")
     try:
         decoded, end = _scan_once(text, 0)
     except RecursionError as exc:
@@ -79,7 +85,9 @@ def describe_problem(payload: dict[str, Any]) -> str:
 
 def _find(value: Any, path: str, seen: set[int]) -> str | None:
     where = f"field {path!r}" if path else "the payload"
-    if value is None or isinstance(value, (str, bool, int)):
+    if isinstance(value, str):
+        return _surrogate_in(where, value)
+    if value is None or isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{where} is {value!r}, which JSON cannot represent"
@@ -88,18 +96,28 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
             return f"{where} contains itself (a reference cycle)"
         seen = seen | {id(value)}
         if isinstance(value, list):
-            for index, item in enumerate(value):
-                found = _find(item, f"{path}[{index}]", seen)
-                if found:
-                    return found
-            return None
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{where} has the key {key!r} of type {type(key).__name__}; JSON keys are strings"
-            found = _find(item, f"{path}.{key}" if path else key, seen)
-            if found:
-                return found
-        return None
+            return _first(_find(item, f"{path}[{index}]", seen) for index, item in enumerate(value))
+        return _first(_find_in_item(where, path, key, item, seen) for key, item in value.items())
     if isinstance(value, tuple):
         return f"{where} is a tuple, which comes back from JSON as a list"
     return f"{where} is a {type(value).__name__}, which is not JSON-serializable"
+
+
+def _find_in_item(where: str, path: str, key: Any, item: Any, seen: set[int]) -> str | None:
+    if not isinstance(key, str):
+        return f"{where} has the key {key!r} of type {type(key).__name__}; JSON keys are strings"
+    return _surrogate_in(f"the key {key!r} of {where}", key) or _find(item, f"{path}.{key}" if path else key, seen)
+
+
+def _first(problems: Iterator[str | None]) -> str | None:
+    return next((problem for problem in problems if problem), None)
+
+
+def _surrogate_in(where: str, text: str) -> str | None:
+    found = _SURROGATE.search(text)
+    if found is None:
+        return None
+    return (
+        f"{where} holds a lone surrogate {found.group()!r} at index {found.start()}, which UTF-8 cannot "
+        "encode and so no database can store (bytes decoded with errors='surrogateescape'?)"
+    )

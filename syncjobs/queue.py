@@ -1,36 +1,39 @@
-"""The ``JobQueue`` protocol and the queue logic every backend shares."""
+"""The queue logic every backend shares (the ``JobQueue`` protocol is in ``protocols``)."""
 
 from __future__ import annotations
 
 import contextvars
 import dataclasses
 import datetime
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import Protocol, TypeVar, runtime_checkable
 
 from typing_extensions import Self
 
 from .context import current_run
-from .dead_letters import DeadLetterCallback, DeadLetterHandlers
+from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import QueueError
+from .exit_hooks import exit_watch
 from .ids import new_job_id
 from .job import Job
 from .payload import encode
+from .protocols import C, Delay, J, QueueStore
 from .registry import Registry
-from .worker import RunObserver, RunWrapper, Store, WorkerPool
+from .worker import RunLimit, RunObserver, RunWrapper, WorkerPool
+
+logger = logging.getLogger("syncjobs")
 
 #: Seconds running jobs get at ``shutdown()`` before they are asked to cancel.
 DEFAULT_SHUTDOWN_GRACE = 5.0
-
-J = TypeVar("J", bound=type[Job])
-C = TypeVar("C", bound=DeadLetterCallback)
-
-Delay = float | datetime.timedelta | None
+#: What closing the store gets at least, when the grace is spent already.
+_CLOSE_AT_LEAST = 1.0
+#: At interpreter exit there is no grace: closing gets this long to hand the running jobs back.
+_CLOSE_AT_EXIT = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,49 +43,6 @@ class Prepared:
     id: str
     name: str
     submit: Callable[[], None]
-
-
-@runtime_checkable
-class JobQueue(Protocol):
-    """What every syncjobs backend offers; see the README for each method's contract."""
-
-    def register(self, job_cls: J) -> J: ...
-
-    def dispatch(self, job: Job, *, delay: Delay = None) -> str: ...
-
-    def start(self) -> None: ...
-
-    def shutdown(self, grace: float | None = None) -> None: ...
-
-    def pending_count(self) -> int: ...
-
-    def join(self, timeout: float | None = None) -> bool: ...
-
-    def on_dead_letter(self, callback: C) -> C: ...
-
-    def __enter__(self) -> Self: ...
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None: ...
-
-
-class QueueStore(Store, Protocol):
-    """A store as a queue drives it: the worker loop's calls plus intake and lifecycle."""
-
-    def put(self, envelope: Envelope, delay: float) -> None: ...
-
-    def pending(self) -> int: ...
-
-    def drained(self) -> bool: ...
-
-    def wait_finished(self, timeout: float) -> None: ...
-
-    def wait_empty(self, timeout: float | None) -> bool: ...
-
-    def open(self) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class StoreQueue:
@@ -107,14 +67,15 @@ class StoreQueue:
         # start() and shutdown() one at a time; re-entrant so that a signal
         # handler calling shutdown() in the middle of start() cannot deadlock.
         self._lifecycle = threading.RLock()
+        exit_watch.watch(self)
 
-    def _share_jobs_of(self, other: StoreQueue) -> None:
+    def share_jobs_of(self, other: StoreQueue) -> None:
         """Run ``other``'s job classes, inside its run wrappers, and call its dead-letter callbacks."""
         if self._pool.started:
             raise QueueError("a started queue cannot take another's jobs")
-        self._registry = self._pool._registry = other._registry
-        self._dead_letters = self._pool._dead_letters = other._dead_letters
-        self._pool._wrappers = other._pool._wrappers
+        self._pool.share_jobs_of(other._pool)
+        self._registry = other._registry
+        self._dead_letters = other._dead_letters
 
     def register(self, job_cls: J) -> J:
         """Make ``job_cls`` runnable by this queue; usable as a class decorator."""
@@ -160,13 +121,42 @@ class StoreQueue:
                     finally:
                         self._store.close()
                     raise
+                exit_watch.started(self)
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop the workers within about ``grace`` seconds (default ``shutdown_grace``)."""
         grace = self.shutdown_grace if grace is None else _check_grace(grace, "grace")
         with self._lifecycle:
-            self._pool.shutdown(grace)
-            self._store.close()
+            # close() writes what it can in what is left of the grace (at least
+            # a moment, to hand back the jobs claimed for no one).
+            deadline = time.monotonic() + grace
+            try:
+                self._pool.shutdown(grace)
+                self._store.close(max(deadline, time.monotonic() + _CLOSE_AT_LEAST))
+            finally:
+                exit_watch.stopped(self)
+
+    def stop_at_exit(self) -> None:
+        """The interpreter exits with this queue started here and never shut down: stop it, with no grace.
+
+        Called by the exit hook, before the interpreter joins the worker
+        threads (which would otherwise wait in the store forever).
+        """
+        if not exit_watch.running_here(self):
+            return
+        with self._lifecycle:
+            try:
+                handed_back = self._pool.shutdown(0.0)
+                self._store.close(time.monotonic() + _CLOSE_AT_EXIT)
+            finally:
+                exit_watch.stopped(self)
+        logger.warning(
+            "the interpreter is exiting with a started %s that was never shut down: its workers were stopped "
+            "with no grace and %d running job(s) handed back (call shutdown() before exit)",
+            type(self).__name__,
+            handed_back,
+            extra={"handed_back": handed_back},
+        )
 
     def worker_threads(self) -> list[threading.Thread]:
         """The threads of this queue's running workers."""
@@ -191,6 +181,14 @@ class StoreQueue:
         Django's connection housekeeping.
         """
         self._pool.wrap(wrapper)
+
+    def limit_runs(self, limit: RunLimit) -> None:
+        """Begin no more runs than ``limit`` allows (shared by queues that count together).
+
+        Counted when a worker takes a job, not when the run ends: with many
+        workers, no more than the limit ever begin.
+        """
+        self._pool.limit(limit)
 
     def observe_runs(self, observer: RunObserver) -> None:
         """Call ``observer(report)`` after every run (a :class:`RunReport`), on the worker's thread."""
@@ -268,7 +266,10 @@ def delay_seconds(name: str, delay: Delay) -> float:
     if isinstance(delay, datetime.timedelta):
         seconds = delay.total_seconds()
     elif isinstance(delay, (int, float)) and not isinstance(delay, bool):
-        seconds = float(delay)
+        try:
+            seconds = float(delay)
+        except OverflowError:  # an int beyond any float (too long to quote, maybe)
+            raise QueueError(f"job {name!r}: delay must be a finite number of seconds, got an int too large") from None
     else:
         raise QueueError(f"job {name!r}: delay must be seconds or a timedelta, got {type(delay).__name__}")
     if not 0 <= seconds < math.inf:

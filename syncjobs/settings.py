@@ -11,7 +11,9 @@ from .database import DatabaseJobQueue
 from .database.dialects import MYSQL, POSTGRES, SQLITE, dialect_for
 from .errors import QueueError
 from .memory import InMemoryJobQueue
-from .queue import DEFAULT_SHUTDOWN_GRACE, JobQueue
+from .protocols import JobQueue
+from .queue import DEFAULT_SHUTDOWN_GRACE
+from .urls import mask_url
 
 logger = logging.getLogger("syncjobs")
 
@@ -28,7 +30,7 @@ def from_settings(settings: Mapping[str, Any]) -> JobQueue:
     url = settings.get("url")
     if backend == "memory":
         if url not in (None, "", "memory://"):
-            raise QueueError(f"the memory backend takes no url (or 'memory://'), got {url!r}")
+            raise QueueError(f"the memory backend takes no url (or 'memory://'), got {_shown(url)}")
         return _memory_queue(settings)
     if backend not in DATABASE_BACKENDS:
         raise QueueError(
@@ -37,7 +39,7 @@ def from_settings(settings: Mapping[str, Any]) -> JobQueue:
     if not url:
         raise QueueError(f"the {backend} backend needs a 'url' in settings")
     if dialect_for(url) is not DATABASE_BACKENDS[backend]:
-        raise QueueError(f"settings name the {backend!r} backend but the url {url!r} is for another database")
+        raise QueueError(f"settings name the {backend!r} backend but the url {_shown(url)} is for another database")
     return _database_queue(url, settings)
 
 
@@ -60,6 +62,10 @@ def connect(url: str, **options: Any) -> JobQueue:
         return InMemoryJobQueue(**options)
     dialect_for(url)  # a clear QueueError for an unknown scheme
     return DatabaseJobQueue(url, **options)
+
+
+def _shown(url: object) -> str:
+    return repr(mask_url(url)) if isinstance(url, str) else f"of type {type(url).__name__}"
 
 
 def _check_keys(settings: Mapping[str, Any]) -> None:

@@ -16,9 +16,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see memory._watch_at_exit
+from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see exit_hooks.before_threads_join
 from contextlib import AbstractContextManager
-from typing import Protocol
 
 from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
@@ -26,6 +25,7 @@ from .envelope import Envelope
 from .errors import Cancelled, Fatal, Retryable
 from .job import Job
 from .payload import dead_letter_from_text, decode
+from .protocols import Store
 from .registry import Registry
 from .retry import retry_backoff
 
@@ -34,28 +34,6 @@ logger = logging.getLogger("syncjobs")
 # How long shutdown waits, past the grace, for idle workers to take their
 # wake-up and leave; they need microseconds, so this is only a backstop.
 _IDLE_EXIT_BOUND = 1.0
-
-
-class Store(Protocol):
-    """Where envelopes wait. The worker loop calls nothing else."""
-
-    def claim(self, stopping: threading.Event) -> Envelope | None:
-        """Block until an envelope is ready; ``None`` when woken by :meth:`wake`."""
-
-    def complete(self, envelope: Envelope) -> None:
-        """The run succeeded: the job is finished."""
-
-    def park(self, envelope: Envelope, due: float) -> None:
-        """Hold the envelope (its ``attempt`` already advanced) until the clock reads ``due``."""
-
-    def dead(self, envelope: Envelope, error: str) -> None:
-        """The job is finished as a dead letter."""
-
-    def release(self, envelope: Envelope) -> None:
-        """Put a claimed envelope back to be claimed again, with its ``attempt`` as set."""
-
-    def wake(self, count: int) -> None:
-        """Wake up to ``count`` workers blocked in :meth:`claim`."""
 
 
 class Outcome(enum.Enum):
@@ -122,6 +100,30 @@ class _Generation:
     workers: list[tuple[_Slot, concurrent.futures.Future[None]]] = dataclasses.field(default_factory=list)
 
 
+class RunLimit:
+    """At most ``runs`` runs begin, counted as they are claimed, across every pool that shares it.
+
+    ``on_reached`` is called once, on the worker thread that claimed the
+    last allowed run, before that run begins (outside any pool lock).
+    """
+
+    def __init__(self, runs: int, on_reached: Callable[[], object]) -> None:
+        self._left = runs
+        self._lock = threading.Lock()
+        self._on_reached = on_reached
+
+    def take(self) -> int | None:
+        """One run more: how many are left after it, or None when none is."""
+        with self._lock:
+            if self._left <= 0:
+                return None
+            self._left -= 1
+            return self._left
+
+    def reached(self) -> None:
+        self._on_reached()
+
+
 class WorkerPool:
     """``workers`` threads of a ``ThreadPoolExecutor``, each looping on the store."""
 
@@ -146,6 +148,7 @@ class WorkerPool:
         self._generation: _Generation | None = None
         self._observers: list[RunObserver] = []
         self._wrappers: list[RunWrapper] = []
+        self._limit: RunLimit | None = None
         # end_grace(): set to cut a shutdown's grace short; _shutdown_wake
         # wakes the shutdown that waits out the grace.
         self._grace_cut = threading.Event()
@@ -175,9 +178,19 @@ class WorkerPool:
             generation.stopping.set()
         self._store.wake(len(generation.workers))
 
+    def limit(self, limit: RunLimit) -> None:
+        """Begin runs only while ``limit`` allows; a worker it refuses hands its job back and stops."""
+        self._limit = limit
+
     def wrap(self, wrapper: RunWrapper) -> None:
         """Enter ``wrapper()`` around every run, in the worker thread and the job's context."""
         self._wrappers.append(wrapper)
+
+    def share_jobs_of(self, other: WorkerPool) -> None:
+        """Run ``other``'s job classes, inside its run wrappers, with its dead-letter callbacks (shared, not copied)."""
+        self._registry = other._registry
+        self._dead_letters = other._dead_letters
+        self._wrappers = other._wrappers
 
     def end_grace(self) -> None:
         """Cut a shutdown's grace short (now, or when it starts): running jobs are handed back at once."""
@@ -202,11 +215,11 @@ class WorkerPool:
                 generation.workers.append((slot, executor.submit(self._loop, generation, slot)))
                 generation.workers[-1][1].add_done_callback(_report_crash)
 
-    def shutdown(self, grace: float) -> None:
-        """Stop claiming, give running jobs ``grace`` seconds in all, then hand back the rest."""
+    def shutdown(self, grace: float) -> int:
+        """Stop claiming, give running jobs ``grace`` seconds in all, then hand back the rest; returns how many."""
         generation = self._generation
         if generation is None:
-            return
+            return 0
         deadline = time.monotonic() + grace
         with self._lock:
             generation.stopping.set()
@@ -219,12 +232,15 @@ class WorkerPool:
             for run in stranded:
                 run.abandoned = True
             self._running.clear()
+            # Under the lock, each slot read once: a worker finishing its run
+            # clears slot.run at any moment.
+            stuck = {id(slot) for slot, _ in generation.workers if _abandoned(slot.run)}
         # Idle workers may not have taken their wake-up yet (with a grace of
         # 0, say); they leave within microseconds. Waiting for them means no
         # worker of this generation stays blocked on the store to take a wake-up
         # or a job meant for the next start(); only workers stuck in an
         # abandoned run are left behind, and those never claim again.
-        idle = [future for slot, future in generation.workers if not (slot.run and slot.run.abandoned)]
+        idle = [future for slot, future in generation.workers if id(slot) not in stuck]
         concurrent.futures.wait(idle, timeout=_IDLE_EXIT_BOUND)
         try:
             for run in stranded:
@@ -243,6 +259,7 @@ class WorkerPool:
                 # Threads stuck in a job that ignores its cancel token are left
                 # behind; the next start() builds a fresh executor.
                 generation.executor.shutdown(wait=False)
+        return len(stranded)
 
     def _wait_for_workers(self, futures: list[concurrent.futures.Future[None]], deadline: float) -> None:
         """Until every worker has left, the deadline passes, or end_grace() is called."""
@@ -291,14 +308,25 @@ class WorkerPool:
             if envelope is None:
                 continue
             run = _Run(envelope)
+            limit = self._limit
+            left: int | None = None
             with self._lock:
                 # Checked under the lock that shutdown sets it under: either
                 # shutdown sees this run, or this worker sees shutdown.
-                if stopping.is_set():
-                    store.release(envelope)
-                    return
-                self._running.add(run)
-                slot.run = run
+                admitted = not stopping.is_set()
+                if admitted and limit is not None:
+                    left = limit.take()
+                    admitted = left is not None
+                if admitted:
+                    self._running.add(run)
+                    slot.run = run
+            if not admitted:
+                # Not run, so no attempt spent. Written outside the lock, which
+                # shutdown and the other workers need while the database is slow.
+                store.release(envelope)
+                return
+            if limit is not None and left == 0:
+                limit.reached()  # this run is the last one the limit allows
             try:
                 self._apply(run, *self._execute(run))
             finally:
@@ -396,6 +424,10 @@ class WorkerPool:
         self._store.dead(envelope, error)
         dead = dead_letter_from_text(envelope.id, envelope.name, envelope.payload, envelope.attempt, error)
         self._dead_letters.emit(dead, envelope.context, exc)
+
+
+def _abandoned(run: _Run | None) -> bool:
+    return run is not None and run.abandoned
 
 
 def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 import syncjobs
 from syncjobs.database.dialects import Connector
+from tests.dbworker import Ledger
+from tests.faultproxy import FaultProxy
 from tests.helpers import PROBES, FakeClock, OnceJob, ProbeJob, ThreeTimesJob, request_id
 
 QueueFactory = Callable[..., Any]
@@ -67,6 +69,37 @@ def database_urls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def db_url(request: pytest.FixtureRequest, database_urls: dict[str, str]) -> str:
     """Each database backend's URL in turn."""
     return _reachable(request.param, database_urls[request.param])
+
+
+@pytest.fixture(params=["postgresql", "mysql"])
+def server_url(request: pytest.FixtureRequest) -> str:
+    """Each database server's URL in turn (the backends with a network between)."""
+    return _reachable(request.param, SERVER_URLS[request.param])
+
+
+@pytest.fixture
+def queues() -> Iterator[list[syncjobs.DatabaseJobQueue]]:
+    """Database queues a test made; shut down (grace 0) after it."""
+    made: list[syncjobs.DatabaseJobQueue] = []
+    yield made
+    for queue in made:
+        queue.shutdown(grace=0)
+
+
+@pytest.fixture
+def ledger(db_url: str) -> Iterator[Ledger]:
+    """The runs of LedgerJobs (which process ran which job, when), on ``db_url``; closed after the test."""
+    ledger = Ledger(db_url)
+    ledger.create()
+    yield ledger
+    ledger.close()
+
+
+@pytest.fixture
+def proxy(server_url: str) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of ``server_url``; ``proxy.url(server_url)`` goes through it."""
+    with FaultProxy.for_url(server_url) as proxy:
+        yield proxy
 
 
 class Backend:

@@ -11,8 +11,12 @@ from flask import Flask, current_app, request
 
 import syncjobs
 from syncjobs.contrib.flask import SyncJobs
+from tests import cli_jobs
 
 jobs = SyncJobs()
+# What the worker command tests (tests/test_worker_commands.py) run.
+jobs.register(cli_jobs.Sleepy)
+jobs.register(cli_jobs.Stubborn)
 
 
 @jobs.register
@@ -35,6 +39,18 @@ class Greet(syncjobs.Job):
         seen = {"app": current_app.name, "greeting": current_app.config["GREETING"], "pid": os.getpid()}
         with open(self.out, "a", encoding="utf-8") as file:
             file.write(json.dumps(seen) + "\n")
+
+
+@jobs.register
+@dataclasses.dataclass
+class Doomed(syncjobs.Job):
+    """Fails for good at once: a dead letter."""
+
+    NAME = "flaskapp.doomed"
+    reason: str
+
+    def run(self) -> None:
+        raise syncjobs.Fatal(self.reason)
 
 
 def create_app(name: str = "shopfront", **config: Any) -> Flask:

@@ -19,6 +19,7 @@ import pytest
 
 import syncjobs
 from syncjobs.database.dialects import dialect_for
+from syncjobs.database.schema import SCHEMA_VERSION
 from tests.cli_jobs import Quick, Sleepy, Stubborn
 from tests.helpers import WAIT
 from tests.test_database import drop_tables, execute
@@ -280,16 +281,16 @@ def test_debug_shows_the_traceback_of_a_startup_error() -> None:
 
 def test_migrate_creates_then_finds_nothing_to_do_and_prints_its_sql(db_url: str, table: str) -> None:
     code, out, err = run("migrate", "--url", db_url, "--table", table)
-    assert (code, out) == (0, f"table {table}: created, schema version 2\n"), err
+    assert (code, out) == (0, f"table {table}: created, schema version {SCHEMA_VERSION}\n"), err
     code, out, err = run("migrate", "--url", db_url, "--table", table)
-    assert (code, out) == (0, f"table {table}: already at schema version 2, nothing to do\n"), err
-    assert execute(db_url, f"SELECT version FROM {table}_schema") == [(2,)]
+    assert (code, out) == (0, f"table {table}: already at schema version {SCHEMA_VERSION}, nothing to do\n"), err
+    assert execute(db_url, f"SELECT version FROM {table}_schema") == [(SCHEMA_VERSION,)]
     code, out, _ = run("migrate", "--url", db_url, "--table", table, "--sql")
     assert code == 0
     statements = [s.strip() for s in out.split(";\n") if s.strip()]
     assert statements[0].startswith(f"CREATE TABLE IF NOT EXISTS {table} (")
     assert any(s.startswith(f"CREATE TABLE IF NOT EXISTS {table}_workers") for s in statements)
-    assert statements[-1] == f"INSERT INTO {table}_schema (version) VALUES (2)"
+    assert statements[-1] == f"INSERT INTO {table}_schema (version) VALUES ({SCHEMA_VERSION})"
 
 
 def test_migrate_sql_runs_as_printed(db_url: str, table: str) -> None:
@@ -298,7 +299,7 @@ def test_migrate_sql_runs_as_printed(db_url: str, table: str) -> None:
         if statement.strip():
             execute(db_url, statement)
     code, out, _ = run("migrate", "--url", db_url, "--table", table)
-    assert (code, out) == (0, f"table {table}: already at schema version 2, nothing to do\n")
+    assert (code, out) == (0, f"table {table}: already at schema version {SCHEMA_VERSION}, nothing to do\n")
 
 
 # -- stats and dead letters on a seeded table ------------------------------------------

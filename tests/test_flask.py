@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flask import Flask, current_app
 
-from syncjobs.contrib.flask import AppQueues
-from tests.flask_app import create_app
+from syncjobs import DeadLetter
+from syncjobs.contrib.flask import AppQueues, SyncJobs
+from tests.flask_app import Doomed, Greet, create_app, jobs
 from tests.helpers import WAIT
 from tests.test_database import execute
 
@@ -195,3 +197,85 @@ def test_a_job_dispatching_during_the_exit_gets_its_grace_and_starts_no_workers(
         assert "exiting with 1 job(s) still pending in an in-memory queue: they are lost" in proc.stderr
     else:
         assert execute(url, "SELECT name, state, attempt FROM syncjobs_jobs") == [("follow", "queued", 0)]
+
+
+def test_a_queue_named_only_at_dispatch_runs_its_jobs_in_embedded_mode(tmp_path: Path) -> None:
+    app = create_app()  # memory://, SYNCJOBS_QUEUES ["default"]
+    out = tmp_path / "seen.jsonl"
+    try:
+        with app.app_context():
+            jobs.dispatch(Greet(out=str(out)), queue="reports")
+        assert state(app).queue("reports").join(timeout=WAIT), "the job on 'reports' never ran"
+        [record] = seen(out)
+        assert record["app"] == "shopfront"
+    finally:
+        state(app).shutdown()
+
+
+def test_dead_letter_callbacks_on_the_extension_reach_every_queue_inside_the_app_context(tmp_path: Path) -> None:
+    got: list[tuple[str, str, str]] = []
+    extension = SyncJobs()
+    extension.register(Doomed)
+
+    # Set on the extension before any queue exists (and reaching those built later).
+    @extension.on_dead_letter
+    def remember(dead: DeadLetter) -> None:
+        got.append((current_app.name, dead.name, dead.error))
+
+    def app(name: str, **config: Any) -> Flask:
+        made = Flask(name)
+        made.config.update(config)
+        extension.init_app(made)
+        return made
+
+    embedded = app("embedded")
+    with embedded.app_context():
+        extension.dispatch(Doomed(reason="no such user"))
+    assert state(embedded).queue().join(timeout=WAIT)
+    state(embedded).shutdown()
+    assert got == [("embedded", "flaskapp.doomed", "fatal: no such user")]
+
+    # The queues `flask syncjobs worker` builds, from the same extension.
+    worker_app = app("workerapp", SYNCJOBS_URL=f"sqlite:///{tmp_path / 'jobs.db'}")
+    try:
+        with worker_app.app_context():
+            extension.dispatch(Doomed(reason="gone"))
+        result = worker_app.test_cli_runner().invoke(args=["syncjobs", "worker", "--burst"])
+        assert result.exit_code == 0, result.output
+        assert got[1:] == [("workerapp", "flaskapp.doomed", "fatal: gone")]
+    finally:
+        state(worker_app).shutdown()
+
+
+DEAD_LETTER_AFTER_A_FORK = textwrap.dedent(
+    """
+    import os, sys
+    from flask import current_app
+    from tests.flask_app import Doomed, create_app, jobs
+
+    app = create_app(SYNCJOBS_URL=sys.argv[1], SYNCJOBS_EMBEDDED=True)
+
+    @jobs.on_dead_letter
+    def report(dead):
+        print(f"dead in {os.getpid()} ({current_app.name}): {dead.error}", flush=True)
+
+    app.extensions["syncjobs"].queue()  # built in the parent, before the fork
+    pid = os.fork()
+    if pid == 0:
+        with app.app_context():
+            jobs.dispatch(Doomed(reason="after the fork"))
+        app.extensions["syncjobs"].queue().join(timeout=30)
+        sys.exit(0)
+    _, status = os.waitpid(pid, 0)
+    print(f"child {pid} exited {status}", flush=True)
+    """
+)
+
+
+def test_a_dead_letter_callback_survives_a_fork(tmp_path: Path) -> None:
+    proc = run_script(DEAD_LETTER_AFTER_A_FORK, f"sqlite:///{tmp_path / 'jobs.db'}")
+    assert proc.returncode == 0, proc.stderr
+    dead, child = proc.stdout.splitlines()
+    pid = child.split()[1]
+    assert child == f"child {pid} exited 0"
+    assert dead == f"dead in {pid} (shopfront): fatal: after the fork"

@@ -283,5 +283,42 @@ def test_serve_off_the_main_thread_starts_no_thread_once_the_interpreter_may_exi
     assert "stopped" in err, err
     # Every run ended, or was handed back: no row is left leased to a process that is gone.
     assert execute(
-        f"sqlite:///{tmp_path / 'jobs.db'}", "SELECT COUNT(*) FROM syncjobs_jobs WHERE state = 'running'"
+        f"sqlite:///{tmp_path / 'jobs.db'}", "SELECT COUNT(*) FROM syncjobs_jobs WHERE state IN ('running', 'claimed')"
     ) == [(0,)]
+
+
+SIGNAL_TAKEN_BY_ANOTHER_THREAD = textwrap.dedent(
+    """
+    import logging, signal, sys, threading
+    import syncjobs
+    from syncjobs.cli.worker import serve
+    from tests.helpers import wait_until
+
+    logging.basicConfig(level=logging.INFO)
+    queue = syncjobs.InMemoryJobQueue(workers=1, shutdown_grace=60)
+    main = threading.main_thread().ident
+
+    def waiting_in_serve():
+        frame = sys._current_frames().get(main)
+        return frame is not None and frame.f_code.co_name == "serve"
+
+    def on_ready(stop):
+        # The kernel may give a process's signal to any of its threads (it does
+        # while the main thread starts one): here, to this one, once serve() waits.
+        def take_it():
+            wait_until(waiting_in_serve, what="serve() to wait")
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+        threading.Thread(target=take_it).start()
+
+    sys.exit(serve([queue], on_ready=on_ready))
+    """
+)
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_signal_taken_by_another_thread_still_stops_the_worker() -> None:
+    proc = _python("-c", SIGNAL_TAKEN_BY_ANOTHER_THREAD)
+    _, err = _communicate(proc, WAIT + 20)
+    assert proc.returncode == 0, err
+    assert "SIGTERM: stopping" in err, err

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from ..demo import run_demo
+from ..urls import redact
 from . import inspect, logs, worker
 from .target import URL_VARIABLE, CommandError, one_line
 
@@ -157,6 +158,10 @@ def _interval(text: str) -> float:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # Imported here, not at the top: the demo uses the CLI's stats table and
+    # colours, so each importing the other at load time would be circular.
+    from ..demo import run_demo  # noqa: PLC0415
+
     return run_demo(url=args.url, jobs=args.jobs, workers=args.workers, grace=args.grace, log_level=args.log_level)
 
 
@@ -169,10 +174,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except CommandError as exc:
         logging.getLogger("syncjobs").debug("the command failed", exc_info=True)
-        sys.stderr.write(f"syncjobs {args.command}: error: {exc}\n")
+        sys.stderr.write(f"syncjobs {args.command}: error: {_hide_url_secrets(str(exc), args)}\n")
         return 1
     except Exception as exc:  # one clear line unless DEBUG asks for the traceback
         if args.log_level == "DEBUG":
             raise
-        sys.stderr.write(f"syncjobs {args.command}: error: {one_line(exc)} (--log-level DEBUG shows the traceback)\n")
+        message = _hide_url_secrets(one_line(exc), args)
+        sys.stderr.write(f"syncjobs {args.command}: error: {message} (--log-level DEBUG shows the traceback)\n")
         return 1
+
+
+def _hide_url_secrets(message: str, args: argparse.Namespace) -> str:
+    # Messages show URLs masked already; this catches a driver's message
+    # that quotes what it was given.
+    return redact(message, getattr(args, "url", None) or os.environ.get(URL_VARIABLE))

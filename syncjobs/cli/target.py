@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..database import DatabaseJobQueue
 from ..database.dialects import Connector
@@ -21,6 +21,7 @@ from ..errors import QueueError
 from ..job import Job
 from ..memory import InMemoryJobQueue
 from ..queue import DEFAULT_SHUTDOWN_GRACE
+from ..urls import mask_url, redact
 
 URL_VARIABLE = "SYNCJOBS_URL"
 DEFAULT_TABLE = "syncjobs_jobs"
@@ -28,17 +29,6 @@ DEFAULT_TABLE = "syncjobs_jobs"
 
 class CommandError(Exception):
     """A mistake the user can fix: printed as one line, the command exits non-zero."""
-
-
-def masked(url: str) -> str:
-    """``url`` with its password hidden, for output and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def import_module(name: str) -> ModuleType:
@@ -127,7 +117,7 @@ def check_reachable(url: str) -> None:
         connector.connect().close()
     except Exception as exc:
         raise CommandError(
-            f"cannot reach the {connector.dialect.name} database at {masked(url)}: {one_line(exc)}"
+            f"cannot reach the {connector.dialect.name} database at {mask_url(url)}: {redact(one_line(exc), url)}"
         ) from exc
 
 

@@ -2,8 +2,9 @@
 
 The first SIGTERM or SIGINT stops claiming and gives running jobs the grace;
 what still runs then is cancelled and handed back. A second signal ends the
-grace at once. Signal handlers only post to a ``SimpleQueue`` (its ``put`` is
-safe in a signal handler); the main thread does the rest.
+grace at once. A signal becomes an event in a ``SimpleQueue``, posted by a
+thread that reads the signal wakeup fd (see ``_SignalEvents``); the main thread
+does the rest.
 """
 
 from __future__ import annotations
@@ -13,18 +14,21 @@ import logging
 import os
 import queue as stdqueue
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import FrameType
 from typing import TextIO
 
 from ..database import DatabaseJobQueue
 from ..exit_hooks import before_threads_join
 from ..queue import StoreQueue, shutdown_in_turn
-from ..worker import Outcome, RunReport
-from .target import CommandError, masked, one_line, queue_for
+from ..urls import mask_url
+from ..worker import Outcome, RunLimit, RunReport
+from .target import CommandError, one_line, queue_for
 
 logger = logging.getLogger("syncjobs.worker")
 
@@ -33,9 +37,16 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 @dataclass(frozen=True)
 class _Event:
-    kind: str  # "signal", "max-jobs", "burst", "exit", "stopped"
+    kind: str  # "signal", "max-jobs", "burst", "exit", "stopped", "request"
     signum: int = 0
     done: threading.Event | None = None
+    #: A "request": why, and the exit code once stopped.
+    reason: str = ""
+    code: int = 0
+
+
+#: ``stop(reason, code)``: stop as --max-jobs does (the grace, then hand back), then return ``code``.
+StopRequest = Callable[[str, int], None]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,8 +101,14 @@ def serve(
     burst: bool = False,
     out: TextIO | None = None,
     exit_if_stuck: bool = False,
+    on_ready: Callable[[StopRequest], None] | None = None,
 ) -> int:
     """Start ``queues``, print the readiness line, and run until a signal (or --max-jobs, --burst) stops them.
+
+    ``on_ready(stop)`` is called once the workers run, before the readiness
+    line: any thread may call ``stop(reason, code)`` to stop them as
+    --max-jobs does (a code reloader, say); signals keep their meaning during
+    that stop, and serve() returns ``code`` unless a second signal cut it short.
 
     Off the main thread (under Django's autoreloader, say) no signal handler
     can be installed: the interpreter's exit stops the workers instead.
@@ -108,26 +125,66 @@ def serve(
         serving = _Serving(events)
         before_threads_join(serving.exit)
         try:
-            _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out)
+            _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out, on_ready=on_ready)
             event = events.get()
             stopping.set()
             return _stop_here(queues, event, exit_if_stuck)
         finally:
             stopping.set()
             serving.over()
-    previous = {
-        signum: signal.signal(signum, lambda signum, _frame: events.put(_Event("signal", signum)))
-        for signum in _STOP_SIGNALS
-    }
+    signals = _SignalEvents(events)
     try:
-        _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out)
+        _serve(queues, events, stopping, max_jobs=max_jobs, burst=burst, out=out, on_ready=on_ready)
         event = events.get()
         stopping.set()
         return _stop_on_signals(queues, event, events, exit_if_stuck)
     finally:
         stopping.set()
-        for signum, handler in previous.items():
+        signals.close()
+
+
+class _SignalEvents:
+    """On the main thread: each SIGTERM / SIGINT as a "signal" event, whichever thread the kernel gives it to.
+
+    A Python signal handler runs in the main thread only, and only once that
+    thread runs Python code again. The main thread waits in ``events.get()``,
+    which a signal wakes only if the kernel delivers it to that very thread
+    while it is blocked: not one given to another thread (as any signal is
+    while the main thread starts one, glibc blocking them all in the caller
+    meanwhile), nor one that comes just before it blocks. Such a signal would
+    wait for the next event, the end of the grace, say. The interpreter's C
+    handler writes the signal number to the wakeup fd at once, in whatever
+    thread took it: a thread of ours reads it and posts the event.
+    """
+
+    def __init__(self, events: stdqueue.SimpleQueue[_Event]) -> None:
+        self.events = events
+        # A socket pair, as set_wakeup_fd() takes on every platform.
+        self.receiver, self.sender = socket.socketpair()
+        self.sender.setblocking(False)  # as set_wakeup_fd() requires
+        self.reader = threading.Thread(target=self._read, name="syncjobs-signals", daemon=True)
+        self.reader.start()
+        self.previous_fd = signal.set_wakeup_fd(self.sender.fileno())
+        # The handlers only keep the default action away: the wakeup fd carries the signal.
+        self.previous = {signum: signal.signal(signum, _noted) for signum in _STOP_SIGNALS}
+
+    def _read(self) -> None:
+        while data := self.receiver.recv(64):  # b"" once close() closed the other end
+            for signum in data:
+                if signum in _STOP_SIGNALS:  # another signal with a Python handler writes here too
+                    self.events.put(_Event("signal", signum))
+
+    def close(self) -> None:
+        for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+        signal.set_wakeup_fd(self.previous_fd)
+        self.sender.close()
+        self.reader.join()
+        self.receiver.close()
+
+
+def _noted(_signum: int, _frame: FrameType | None) -> None:
+    """A stop signal's Python handler: ``_SignalEvents`` has it from the wakeup fd already."""
 
 
 class _Serving:
@@ -168,6 +225,7 @@ def _serve(
     max_jobs: int | None,
     burst: bool,
     out: TextIO,
+    on_ready: Callable[[StopRequest], None] | None = None,
 ) -> None:
     """Start the workers (and what stops them) and print the readiness line."""
     if max_jobs:
@@ -185,6 +243,12 @@ def _serve(
         except RuntimeError as exc:
             shutdown_in_turn(queues)
             raise CommandError(f"cannot start: {one_line(exc)}") from exc
+    if on_ready is not None:
+        try:
+            on_ready(lambda reason, code: events.put(_Event("request", reason=reason, code=code)))
+        except BaseException:
+            shutdown_in_turn(queues)
+            raise
     out.write(f"syncjobs worker ready: pid {os.getpid()}, {_describe(queues)}\n")
     out.flush()
 
@@ -204,8 +268,8 @@ def _stop_here(queues: Sequence[StoreQueue], event: _Event, exit_if_stuck: bool)
         if event.done is not None:  # the exit hook waits for this; the interpreter goes on
             event.done.set()
     if event.done is None and exit_if_stuck:
-        _leave_stuck(threads, 0)
-    return 0
+        _leave_stuck(threads, event.code)
+    return event.code
 
 
 def _stop_on_signals(
@@ -216,16 +280,25 @@ def _stop_on_signals(
     _log_stop(event, queues[0].shutdown_grace)
     stopper = threading.Thread(target=_shutdown, args=(queues, events), name="syncjobs-stopper")
     stopper.start()
-    forced = 0
-    while (event := events.get()).kind != "stopped":
-        if event.kind == "signal" and not forced:
-            forced = event.signum
-            logger.warning("%s again: handing running jobs back now", signal.Signals(event.signum).name)
-            for queue in queues:
-                queue.end_grace()
+    code, forced = event.code, 0
+    # A requested stop (a reload) is not the operator's: their first signal
+    # makes it final, keeping the grace; only a second one cuts it.
+    final = event.kind != "request"
+    while (later := events.get()).kind != "stopped":
+        if later.kind != "signal" or forced:
+            continue
+        name = signal.Signals(later.signum).name
+        if not final:
+            final, code = True, 0
+            logger.info("%s: stopping for good; running jobs keep their grace (send it again to hand them back)", name)
+            continue
+        forced = later.signum
+        logger.warning("%s again: handing running jobs back now", name)
+        for queue in queues:
+            queue.end_grace()
     stopper.join()
     logger.info("stopped")
-    code = 128 + forced if forced else 0
+    code = 128 + forced if forced else code
     if exit_if_stuck:
         _leave_stuck(threads, code)
     return code
@@ -250,6 +323,8 @@ def _log_stop(event: _Event, grace: float) -> None:
             signal.Signals(event.signum).name,
             grace,
         )
+    elif event.kind == "request":
+        logger.info("%s: stopping; running jobs get %gs", event.reason, grace)
     elif event.kind == "exit":
         logger.info("the interpreter is exiting: stopping; running jobs get %gs", grace)
     else:
@@ -260,7 +335,7 @@ def _describe(queues: Sequence[StoreQueue]) -> str:
     first = queues[0]
     if isinstance(first, DatabaseJobQueue):
         names = ", ".join(repr(queue.queue_name) for queue in queues if isinstance(queue, DatabaseJobQueue))
-        return f"{first.workers} thread(s) on queue(s) {names} of {first.table} at {masked(first.url)}"
+        return f"{first.workers} thread(s) on queue(s) {names} of {first.table} at {mask_url(first.url)}"
     return f"{first.workers} thread(s) on an in-memory queue"
 
 
@@ -293,8 +368,15 @@ def _watch_drained(
 
 
 def _count_runs(queues: Sequence[StoreQueue], limit: int, reached: Callable[[], None]) -> None:
+    """Begin at most ``limit`` runs in all (counted as they are claimed); ``reached()`` once they have ended."""
     lock = threading.Lock()
     runs = 0
+
+    def stop_claiming() -> None:
+        # From the worker thread that took the last allowed run: the other
+        # workers take no new job, and a job one of them claimed goes back.
+        for queue in queues:
+            queue.stop_claiming()
 
     def count(_report: RunReport) -> None:
         nonlocal runs
@@ -302,12 +384,11 @@ def _count_runs(queues: Sequence[StoreQueue], limit: int, reached: Callable[[], 
             runs += 1
             if runs != limit:
                 return
-        # From the worker thread that ran the last one, before it claims again.
-        for queue in queues:
-            queue.stop_claiming()
         reached()
 
+    allowed = RunLimit(limit, stop_claiming)
     for queue in queues:
+        queue.limit_runs(allowed)
         queue.observe_runs(count)
 
 

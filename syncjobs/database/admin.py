@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..envelope import DeadLetter
 from ..errors import QueueError
 from ..payload import dead_letter_from_text
 from . import queries
+from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
 from .schema import SCHEMA_VERSION, ddl, record_version
-from .store import DatabaseStore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,26 +76,32 @@ class DeadRow:
 class TableAdmin:
     """Reads and repairs one jobs table (all its queues, or one with ``queue=``)."""
 
-    def __init__(self, store: DatabaseStore) -> None:
-        self._db = store
-        self.table = store.table
+    def __init__(
+        self,
+        connections: Connections,
+        *,
+        table: str,
+        timeout: float = 5.0,
+        on_requeue: Callable[[], None] = lambda: None,
+    ) -> None:
+        """On ``connections`` (a queue's own, or its own from :meth:`connect`).
+
+        Each call gives up after ``timeout`` seconds with ``DatabaseUnavailable``;
+        ``on_requeue`` is called after dead letters went back to the queue.
+        """
+        self._db = connections
+        self.table = check_table(table)
+        self.timeout = timeout
+        self._on_requeue = on_requeue
 
     @classmethod
     def connect(cls, url: str, *, table: str = "syncjobs_jobs", timeout: float = 5.0) -> TableAdmin:
         """An admin of its own connections; :meth:`close` them when done."""
         check_table(table)
-        store = DatabaseStore(
-            Connector(url),
-            table=table,
-            queue="default",
-            lease=30.0,
-            poll_interval=1.0,
-            carry=(),
-            dispatch_timeout=timeout,
-        )
-        return cls(store)
+        return cls(Connections(Connector(url)), table=table, timeout=timeout)
 
     def close(self) -> None:
+        """Close the connections this admin's process opened (a queue's admin: the queue's)."""
         self._db.close()
 
     def _sql(self, template: str, queue: str | None = None) -> str:
@@ -108,7 +114,7 @@ class TableAdmin:
             cursor.execute(sql, tuple(params))
             return cursor.fetchall() if rows else int(cursor.rowcount)
 
-        return self._db.run(execute, deadline=self._db.dispatch_timeout)
+        return self._db.run(execute, timeout=self.timeout)
 
     # -- schema ----------------------------------------------------------------
 
@@ -121,11 +127,11 @@ class TableAdmin:
             return None if row is None or row[0] is None else int(row[0])
 
         try:
-            return self._db.run(read, deadline=self._db.dispatch_timeout)
-        except Exception as exc:
-            if self._db.connector.is_connection_error(exc):
-                raise
-            return None  # no such table: a database that has never seen syncjobs
+            return self._db.run(read, timeout=self.timeout)
+        except DatabaseUnavailable:
+            raise
+        except Exception:  # noqa: BLE001 - no such table: a database that has never seen syncjobs
+            return None
 
     def ddl(self) -> list[str]:
         """The statements :meth:`migrate` runs, for teams that run migrations themselves."""
@@ -153,11 +159,13 @@ class TableAdmin:
                     cursor.execute(statement)
 
         try:
-            self._db.transaction(install, deadline=self._db.dispatch_timeout)
+            self._db.transaction(install, timeout=self.timeout)
+        except DatabaseUnavailable:
+            raise  # already waited all of its timeout
         except Exception:  # noqa: BLE001 - any error of the race; the second try raises it for real
             # Two processes creating the tables at once: the loser's CREATE can
             # fail on some databases even with IF NOT EXISTS. Once more settles it.
-            self._db.transaction(install, deadline=self._db.dispatch_timeout)
+            self._db.transaction(install, timeout=self.timeout)
         return found
 
     # -- stats -------------------------------------------------------------------
@@ -166,7 +174,8 @@ class TableAdmin:
         counts: dict[str, dict[str, Any]] = {}
         for queue, state, later, count, oldest in self._run(self._sql(queries.STATS_JOBS), ()):
             entry = counts.setdefault(str(queue), {})
-            key = "parked" if state == "queued" and int(later) else str(state)
+            # A row claimed ahead of its run ('claimed') is one of a worker's, as 'running' is.
+            key = "parked" if state == "queued" and int(later) else "running" if state == "claimed" else str(state)
             if key in ("queued", "running", "parked", "dead"):
                 entry[key] = entry.get(key, 0) + int(count)
             if oldest is not None and key == "queued":
@@ -197,7 +206,7 @@ class TableAdmin:
         sql = self._sql(queries.RETRY_DEAD, queue)
         retried = [job_id for job_id in job_ids if self._run(sql, _with_queue((job_id,), queue), rows=False)]
         if retried:
-            self._db._kick.set()
+            self._on_requeue()
         return retried
 
     def retry_all(self, *, queue: str | None = None) -> int:

@@ -9,19 +9,22 @@ bound parameter.
 from __future__ import annotations
 
 import importlib
+import os
 import re
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult
 
 from ..errors import QueueError
 
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+# fullmatch, not match with "$": "$" also matches before a trailing newline.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
 def check_identifier(value: str, what: str) -> str:
-    if not isinstance(value, str) or not _IDENTIFIER.match(value):
+    if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise QueueError(
             f"{what} {value!r} is not a valid name: use letters, digits and underscores, "
             "starting with a letter or underscore, at most 63 characters"
@@ -44,6 +47,38 @@ def check_table(table: str) -> str:
     return table
 
 
+#: Every connection syncjobs opens gives up connecting after this long.
+CONNECT_TIMEOUT = 5.0
+#: The longest one statement of syncjobs' may run, where the server can enforce it.
+STATEMENT_TIMEOUT = 30.0
+#: The longest one statement waits for another transaction's row or table lock.
+LOCK_TIMEOUT = 10.0
+
+#: ``(abort, close)`` for one connection: ``abort()`` unblocks, from any thread,
+#: whatever the connection waits for; ``close()`` closes it and what abort holds.
+AbortHandles = tuple[Callable[[], None], Callable[[], None]]
+
+
+def socket_handles(conn: Any, fileno: int) -> AbortHandles:
+    """Abort by shutting the connection's socket down: its reader sees the end of the stream at once.
+
+    The socket is held through a duplicate of its descriptor, so that the
+    abort can never reach another socket that reused a closed descriptor's number.
+    """
+    sock = socket.socket(fileno=os.dup(fileno))
+
+    def abort() -> None:
+        sock.shutdown(socket.SHUT_RDWR)
+
+    def close() -> None:
+        try:
+            conn.close()
+        finally:
+            sock.close()
+
+    return abort, close
+
+
 @dataclass(frozen=True)
 class Dialect:
     name: str
@@ -63,17 +98,29 @@ class Dialect:
     #: The DB-API driver's module name and the extra that installs it.
     driver: str
     extra: str | None
-    #: ``connect(driver, url, parts)``: a new connection in autocommit mode
-    #: (the store opens transactions itself).
-    connect: Callable[[Any, str, SplitResult], Any]
+    #: ``connect(driver, url, parts, connect_args)``: a new connection in
+    #: autocommit mode (the store opens transactions itself); the driver's
+    #: keyword arguments in ``connect_args`` override what the URL says.
+    connect: Callable[[Any, str, SplitResult, Mapping[str, Any]], Any]
     #: ``is_contention(driver, exc)``: two transactions in each other's way;
     #: try again on the same connection.
     is_contention: Callable[[Any, BaseException], bool]
     #: ``is_connection_error(driver, exc)``: a lost or refused connection;
     #: reconnect and try again.
     is_connection_error: Callable[[Any, BaseException], bool]
+    #: ``abort_handles(connection)``: how to abort and close a new connection.
+    abort_handles: Callable[[Any], AbortHandles]
     #: UPDATE … RETURNING: a claim in one statement.
     returning: bool = False
+    #: Run on the connections of the store's own loops (claims, completions,
+    #: renewals): commits that need not wait for the server's disk.
+    relaxed_session: str | None = None
+    #: ``set_lock_wait(connection, milliseconds)`` where the driver itself
+    #: waits for locks (SQLite's busy handler): set before each operation, from its timeout.
+    set_lock_wait: Callable[[Any, int], None] | None = None
+    #: The top-level modules of DB-API drivers whose connections reach this
+    #: database (a caller's ``connection=`` may come from another than ours).
+    drivers: tuple[str, ...] = ()
 
     def sql(self, template: str, table: str) -> str:
         text = template.replace("{table}", table).replace("{now}", self.now).replace("{lock}", self.lock)

@@ -2,27 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote
 
-from .dialect import Dialect
+from .dialect import CONNECT_TIMEOUT, LOCK_TIMEOUT, STATEMENT_TIMEOUT, AbortHandles, Dialect, socket_handles
 
 # Server errors that mean "try again": 1213 deadlock, 1205 lock wait timeout.
 _CONTENTION = (1213, 1205)
 
 
-def _connect(driver: Any, url: str, parts: SplitResult) -> Any:
+def _connect(driver: Any, url: str, parts: SplitResult, connect_args: Mapping[str, Any]) -> Any:
     options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
-    return driver.connect(
-        host=parts.hostname or "localhost",
-        port=parts.port or 3306,
-        user=unquote(parts.username or "root"),
-        password=unquote(parts.password or ""),
-        database=unquote(parts.path.lstrip("/")) or None,
-        autocommit=True,
-        charset=options.get("charset", "utf8mb4"),
-        connect_timeout=int(options.get("connect_timeout", 5)),
-    )
+    from_url = {
+        "host": parts.hostname or "localhost",
+        "port": parts.port or 3306,
+        "user": unquote(parts.username or "root"),
+        "password": unquote(parts.password or ""),
+        "database": unquote(parts.path.lstrip("/")) or None,
+        "charset": options.get("charset", "utf8mb4"),
+        "connect_timeout": float(options.get("connect_timeout", CONNECT_TIMEOUT)),
+        # Without these a read on a silently dead path waits forever, and so
+        # does close() behind it.
+        "read_timeout": float(options.get("read_timeout", STATEMENT_TIMEOUT)),
+        "write_timeout": float(options.get("write_timeout", STATEMENT_TIMEOUT)),
+    }
+    conn = driver.connect(**{**from_url, **connect_args, "autocommit": True})
+    try:
+        with conn.cursor() as cursor:
+            # The clock in UTC: in a zone with daylight saving, NOW() repeats an
+            # hour each autumn and UNIX_TIMESTAMP() of it jumps by an hour.
+            # Run after any init_command of the caller's, so that it holds.
+            cursor.execute(f"SET time_zone = '+00:00', innodb_lock_wait_timeout = {int(LOCK_TIMEOUT)}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _abort_handles(conn: Any) -> AbortHandles:
+    # PyMySQL has no public accessor for its socket.
+    return socket_handles(conn, conn._sock.fileno())
 
 
 def _is_contention(driver: Any, exc: BaseException) -> bool:
@@ -47,4 +67,6 @@ MYSQL = Dialect(
     connect=_connect,
     is_contention=_is_contention,
     is_connection_error=_is_connection_error,
+    abort_handles=_abort_handles,
+    drivers=("pymysql", "MySQLdb", "mysql", "mariadb"),
 )

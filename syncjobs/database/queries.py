@@ -6,6 +6,16 @@ seconds; ``{lock}`` the claim's row-locking clause; ``?`` a bound parameter.
 
 COLUMNS = "id, name, payload, context, attempt, max_attempts"
 
+# A claimed row is 'running' once its run may have started (it was claimed for
+# a worker that was waiting, or MARK_STARTED ran after a prefetched one was
+# handed over), 'claimed' while it waits in a worker process's buffer: lease
+# recovery spends an attempt for the first kind only. A 'claimed' row it puts
+# back keeps lease_token = 'unstarted', and its next claim makes it 'running'
+# at once: a job that kills its worker before its mark was written spends an
+# attempt at the latest on its next run.
+LEASED = "('running', 'claimed')"
+CLAIM_STATE = "CASE WHEN lease_token IS NULL THEN ? ELSE 'running' END"
+
 # A dispatch is INSERT_INTO followed by one INSERT_ROW per job, comma-separated.
 INSERT_INTO = (
     "INSERT INTO {table} (id, queue, name, payload, context, state, attempt, max_attempts, run_at, created_at) VALUES"
@@ -15,6 +25,27 @@ INSERT_ROW = "(?, ?, ?, ?, ?, 'queued', 0, ?, {now} + ?, {now})"
 # PostgreSQL: the insert and the NOTIFY that wakes other processes, in one statement.
 INSERT_AND_NOTIFY = "WITH inserted AS ({insert} RETURNING id) SELECT pg_notify(?, (SELECT id FROM inserted LIMIT 1))"
 
+# A dispatch retried after an ambiguous failure (its first try may have
+# committed): rows already there are kept, and rows whose job already finished
+# (a tombstone in {table}_finished) are not inserted again. See intake.py.
+INSERT_IF_ABSENT = " ON CONFLICT (id) DO NOTHING RETURNING id"
+NOTIFY = "SELECT pg_notify(?, ?)"
+# MySQL: a locking read of the ids takes gap locks on the absent ones, so a
+# first try still in flight can neither commit nor finish before this one.
+LOCK_IDS = "SELECT id FROM {table} WHERE id IN ({ids}) FOR UPDATE"
+FINISHED_IDS = "SELECT id FROM {table}_finished WHERE id IN ({ids})"
+DELETE_IDS = "DELETE FROM {table} WHERE id IN ({ids})"
+
+# Tombstones of finished jobs, written by the completer with its deletes and
+# kept for an hour: far longer than any dispatch retries.
+FINISHED_INTO = "INSERT INTO {table}_finished (id, finished_at) VALUES"
+FINISHED_ROW = "(?, {now})"
+FINISHED_ON_CONFLICT = " ON CONFLICT (id) DO NOTHING"
+FINISHED_ON_CONFLICT_MYSQL = " ON DUPLICATE KEY UPDATE id = id"
+FINISHED_PRUNE = "DELETE FROM {table}_finished WHERE finished_at < {now} - ?"
+
+MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
+
 SELECT_READY = (
     f"SELECT {COLUMNS} FROM {{table}} WHERE queue = ? AND state = 'queued' AND run_at <= {{now}} "
     "ORDER BY run_at LIMIT ?{lock}"
@@ -22,35 +53,72 @@ SELECT_READY = (
 
 # The ids of one claim batch are bound one placeholder each: {ids} becomes "?, ?, ?".
 MARK_CLAIMED = (
-    "UPDATE {table} SET state = 'running', lease_owner = ?, lease_token = ?, lease_expires = {now} + ? "
-    "WHERE id IN ({ids})"
+    "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, "
+    "lease_expires = {now} + ? WHERE id IN ({ids})"
 )
 
 # One round trip where the database has UPDATE … RETURNING (PostgreSQL,
 # SQLite): the subquery's row locks (FOR UPDATE SKIP LOCKED on PostgreSQL)
 # keep two claimers off the same rows; SQLite takes its write lock anyway.
 CLAIM_RETURNING = (
-    "UPDATE {table} SET state = 'running', lease_owner = ?, lease_token = ?, lease_expires = {now} + ? "
+    "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ? "
     "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now} "
     "ORDER BY run_at LIMIT ?{lock}) "
     f"RETURNING {COLUMNS}"
 )
 
+# PostgreSQL: the rows taken from the buffer marked running, in the claim's statement.
+# Rows the completer is deleting (locked) are skipped: their runs are over,
+# and waiting for them would only put the two in each other's way.
+MARK_AND_CLAIM = (
+    "WITH started AS (UPDATE {table} SET state = 'running' WHERE id IN (SELECT id FROM {table} "
+    "WHERE id = ANY(?) AND lease_token = ANY(?) AND state = 'claimed' FOR UPDATE SKIP LOCKED)) " + CLAIM_RETURNING
+)
+
+# The claim token fences it: a row given up meanwhile is not marked.
+MARK_STARTED = "UPDATE {table} SET state = 'running' WHERE lease_token = ? AND state = 'claimed' AND id IN ({ids})"
+# MySQL: the rows to mark, locked first, skipping those the completer is deleting.
+MARK_SELECT = (
+    "SELECT id FROM {table} WHERE lease_token = ? AND state = 'claimed' AND id IN ({ids}) FOR UPDATE SKIP LOCKED"
+)
+
 SELECT_EXPIRED = (
-    f"SELECT {COLUMNS} FROM {{table}} WHERE queue = ? AND state = 'running' AND lease_expires < {{now}} LIMIT ?{{lock}}"
+    f"SELECT {COLUMNS}, state FROM {{table}} WHERE queue = ? AND state IN {LEASED} AND lease_expires < {{now}} "
+    "LIMIT ?{lock}"
+)
+
+REQUEUE_UNSTARTED = (
+    "UPDATE {table} SET state = 'queued', run_at = {now}, "
+    "lease_owner = NULL, lease_token = 'unstarted', lease_expires = NULL WHERE id = ? AND state = 'claimed'"
 )
 
 REQUEUE_EXPIRED = (
     "UPDATE {table} SET state = 'queued', attempt = ?, run_at = {now}, "
-    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state = 'running'"
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
 )
 
 DEAD_EXPIRED = (
     "UPDATE {table} SET state = 'dead', attempt = ?, error = ?, finished_at = {now}, "
-    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state = 'running'"
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
 )
 
-RENEW = "UPDATE {table} SET lease_expires = {now} + ? WHERE lease_owner = ? AND state = 'running'"
+# A row that cannot be decoded: dead, with what could be read of its counts
+# written back as numbers, so that the dead-letter views can read it.
+POISON = (
+    "UPDATE {table} SET state = 'dead', attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
+)
+POISON_EXPIRED = (
+    "UPDATE {table} SET state = 'dead', attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
+)
+
+# Only the leases this process still holds, by token ({tokens} becomes "?, ?"):
+# a row whose claim reply was lost, or whose outcome was given up, expires.
+RENEW = (
+    f"UPDATE {{table}} SET lease_expires = {{now}} + ? WHERE lease_owner = ? AND state IN {LEASED} "
+    "AND lease_token IN ({tokens})"
+)
 
 # Every state change below is fenced on the lease token: a worker that lost
 # its lease changes nothing.
@@ -70,15 +138,24 @@ NEXT_DUE = "SELECT MIN(run_at) - {now} FROM {table} WHERE queue = ? AND state = 
 
 READY = "SELECT COUNT(*) FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now}"
 
-PENDING = "SELECT COUNT(*) FROM {table} WHERE queue = ? AND state IN ('queued', 'running')"
+PENDING = "SELECT COUNT(*) FROM {table} WHERE queue = ? AND state IN ('queued', 'running', 'claimed')"
 
 SCHEMA_VERSION = "SELECT MAX(version) FROM {table}_schema"
 
 # -- what stats reads: live workers and jobs done per second ------------------
 
+# An upsert: start() and the heartbeat's first beat may list the same worker at once.
 WORKER_UP = (
     "INSERT INTO {table}_workers (id, queue, host, pid, threads, lease, started_at, heartbeat_at) "
-    "VALUES (?, ?, ?, ?, ?, ?, {now}, {now})"
+    "VALUES (?, ?, ?, ?, ?, ?, {now}, {now}) ON CONFLICT (id) DO UPDATE SET "
+    "threads = excluded.threads, lease = excluded.lease, started_at = excluded.started_at, "
+    "heartbeat_at = excluded.heartbeat_at"
+)
+WORKER_UP_MYSQL = (
+    "INSERT INTO {table}_workers (id, queue, host, pid, threads, lease, started_at, heartbeat_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, {now}, {now}) ON DUPLICATE KEY UPDATE "
+    "threads = VALUES(threads), lease = VALUES(lease), started_at = VALUES(started_at), "
+    "heartbeat_at = VALUES(heartbeat_at)"
 )
 WORKER_BEAT = "UPDATE {table}_workers SET heartbeat_at = {now} WHERE id = ?"
 WORKER_DOWN = "DELETE FROM {table}_workers WHERE id = ?"
@@ -86,6 +163,17 @@ WORKER_DOWN = "DELETE FROM {table}_workers WHERE id = ?"
 WORKERS_PRUNE = "DELETE FROM {table}_workers WHERE heartbeat_at < {now} - lease"
 
 # Added to by the completer in the transaction that deletes the finished rows.
+# PostgreSQL: COMPLETE_MANY, FINISHED_INTO and COUNT_DONE in one statement,
+# each row fenced on its own lease token (ids and tokens as two arrays).
+COMPLETE_RECORD_COUNT = (
+    "WITH gone AS (DELETE FROM {table} AS j USING unnest(?::text[], ?::text[]) AS t(id, token) "
+    "WHERE j.id = t.id AND j.lease_token = t.token RETURNING j.id), "
+    "recorded AS (INSERT INTO {table}_finished (id, finished_at) SELECT id, {now} FROM gone "
+    "ON CONFLICT (id) DO NOTHING), "
+    "counted AS (INSERT INTO {table}_done (queue, bucket, done) SELECT ?, ?, COUNT(*) FROM gone "
+    "HAVING COUNT(*) > 0 ON CONFLICT (queue, bucket) DO UPDATE SET done = {table}_done.done + excluded.done) "
+    "SELECT COUNT(*) FROM gone"
+)
 COUNT_DONE = (
     "INSERT INTO {table}_done (queue, bucket, done) VALUES (?, ?, ?) "
     "ON CONFLICT (queue, bucket) DO UPDATE SET done = {table}_done.done + excluded.done"

@@ -6,16 +6,18 @@ import contextvars
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..envelope import DeadLetter, Envelope
 from ..errors import QueueError
 from ..job import Job
 from ..payload import dead_letter_from_text
-from ..queue import DEFAULT_SHUTDOWN_GRACE, Delay, StoreQueue, delay_seconds, new_envelope
+from ..protocols import Delay
+from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, new_envelope
+from ..urls import mask_url
 from .admin import TableAdmin
-from .dialects import Connector, check_table
+from .dialects import Connector, check_connection, check_table
 from .schema import SCHEMA_VERSION
 from .store import DatabaseStore
 
@@ -28,6 +30,9 @@ class DatabaseJobQueue(StoreQueue):
     Many processes on many machines may share one table: each row is claimed
     by one worker at a time, under a lease renewed while the job runs; the job
     of a worker that died runs again once its lease expires.
+
+    ``connect_args``: the driver's keyword arguments, over what ``url`` says
+    (the Django integration passes the parameters Django itself connects with).
     """
 
     def __init__(
@@ -45,6 +50,7 @@ class DatabaseJobQueue(StoreQueue):
         dispatch_timeout: float = 5.0,
         prefetch: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        connect_args: Mapping[str, Any] | None = None,
     ) -> None:
         check_table(table)
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
@@ -68,10 +74,13 @@ class DatabaseJobQueue(StoreQueue):
             dispatch_timeout=dispatch_timeout,
             prefetch=prefetch,
             clock=clock,
+            connect_args=connect_args,
         )
         self._schema_ready = False
+        connector = Connector(url, connect_args)
+        self._dialect = connector.dialect
         self._db = DatabaseStore(
-            Connector(url),
+            connector,
             table=table,
             queue=queue,
             lease=float(lease),
@@ -88,7 +97,15 @@ class DatabaseJobQueue(StoreQueue):
         self._prefetch = self._db.prefetch
         self._db.on_expired_dead = self._expired_dead
         #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
-        self.admin = TableAdmin(self._db)
+        self.admin = TableAdmin(
+            self._db.connections, table=table, timeout=float(dispatch_timeout), on_requeue=self._db.wake_fetcher
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({mask_url(self.url)!r}, queue={self.queue_name!r}, "
+            f"table={self.table!r}, workers={self.workers})"
+        )
 
     def for_queue(
         self, queue: str | None = None, *, workers: int | None = None, shutdown_grace: float | None = None
@@ -105,7 +122,7 @@ class DatabaseJobQueue(StoreQueue):
             shutdown_grace=self.shutdown_grace if shutdown_grace is None else shutdown_grace,
             **self._options,
         )
-        twin._share_jobs_of(self)
+        twin.share_jobs_of(self)
         return twin
 
     # -- schema -------------------------------------------------------------
@@ -152,16 +169,26 @@ class DatabaseJobQueue(StoreQueue):
 
     def _check_envelope(self, envelope: Envelope) -> None:
         self._ensure_schema()
-        self._db.carried(envelope.context)  # refuse a carried value that is not JSON, before any insert
+        self._check_carried(envelope)
+
+    def _check_carried(self, envelope: Envelope) -> None:
+        """Refuse a carried value that is not JSON, before any insert, naming the job."""
+        try:
+            self._db.carried(envelope.context)
+        except QueueError as exc:
+            raise QueueError(f"job {envelope.name!r}: {exc.message}") from exc
 
     def dispatch_many(self, jobs: Sequence[Job], *, delay: Delay = None, connection: Any = None) -> list[str]:
         """Insert ``jobs`` in one transaction: all of them or, if anything is refused, none."""
-        self._ensure_schema()
         items: list[tuple[Envelope, float]] = []
         for job in jobs:
             envelope = new_envelope(self._registry, job)
             items.append((envelope, delay_seconds(envelope.name, delay)))
-            self._db.carried(envelope.context)  # refuse a carried value that is not JSON, before any insert
+        if items and connection is not None:
+            check_connection(self._dialect, connection, items[0][0].name)
+        self._ensure_schema()
+        for envelope, _ in items:
+            self._check_carried(envelope)
         if items:
             self._db.put_many(items, connection)
         return [envelope.id for envelope, _ in items]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from ..job import MAX_NAME_LENGTH
 from .dialects import MYSQL, Dialect
 
 #: Bumped by any change to the tables; stored in ``<table>_schema``.
 #: 1: the jobs table. 2: adds ``<table>_workers`` (live workers and their
 #: heartbeats) and ``<table>_done`` (jobs done per second, for ``stats``).
-SCHEMA_VERSION = 2
+#: 3: adds ``<table>_finished`` (tombstones of finished jobs, so that a
+#: dispatch retried after an ambiguous failure never runs a finished job again).
+SCHEMA_VERSION = 3
 
 
 def ddl(dialect: Dialect, table: str) -> list[str]:
@@ -28,7 +31,7 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
     columns = f"""
         id {key} NOT NULL PRIMARY KEY,
         queue VARCHAR(100) NOT NULL,
-        name VARCHAR(200) NOT NULL,
+        name VARCHAR({MAX_NAME_LENGTH}) NOT NULL,
         payload {text} NOT NULL,
         context {text},
         state VARCHAR(10) NOT NULL,
@@ -42,6 +45,7 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         created_at {real} NOT NULL,
         finished_at {real}"""
     engine = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" if dialect is MYSQL else ""
+    finished_index = f",\n        INDEX {table}_finished_at (finished_at)" if dialect is MYSQL else ""
     companions = [
         f"CREATE TABLE IF NOT EXISTS {table}_schema (version INTEGER NOT NULL){engine}",
         # One row per worker process (per queue it serves), renewed by its heartbeat.
@@ -63,6 +67,11 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         done INTEGER NOT NULL,
         PRIMARY KEY (queue, bucket)
 ){engine}""",
+        # The ids of jobs finished (and deleted) in the last hour; pruned by finished_at.
+        f"""CREATE TABLE IF NOT EXISTS {table}_finished (
+        id {key} NOT NULL PRIMARY KEY,
+        finished_at {real} NOT NULL{finished_index}
+){engine}""",
     ]
     if dialect is MYSQL:
         # MySQL has no CREATE INDEX IF NOT EXISTS: the indexes go in the table.
@@ -72,6 +81,7 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         f"CREATE TABLE IF NOT EXISTS {table} ({columns}\n)",
         *(f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({cols})" for name, cols in indexes),
         *companions,
+        f"CREATE INDEX IF NOT EXISTS {table}_finished_at ON {table}_finished (finished_at)",
     ]
 
 

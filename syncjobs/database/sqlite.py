@@ -3,25 +3,44 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import SplitResult, unquote
 
 from ..errors import QueueError
-from .dialect import Dialect
+from .dialect import LOCK_TIMEOUT, AbortHandles, Dialect
 
 
-def _connect(driver: Any, url: str, parts: SplitResult) -> sqlite3.Connection:
+def _connect(driver: Any, url: str, parts: SplitResult, connect_args: Mapping[str, Any]) -> sqlite3.Connection:
     # sqlite:///relative/path and sqlite:////absolute/path, as SQLAlchemy
     # spells them. :memory: is refused: each thread's connection would
     # see a database of its own.
     path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
     if not path or path == ":memory:":
         raise QueueError("a SQLite queue needs a file: sqlite:///path/to/jobs.db")
-    conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+    if connect_args:
+        raise QueueError(f"a SQLite queue takes no connect arguments, got {', '.join(sorted(connect_args))}")
+    # The busy timeout is set again before each operation, from its timeout.
+    conn = sqlite3.connect(path, timeout=LOCK_TIMEOUT, isolation_level=None, check_same_thread=False)
+    # Text that is not valid UTF-8 (SQLite stores whatever it is given) is
+    # read with the bad bytes escaped rather than failing the whole query:
+    # the fetcher makes such a row a dead letter, and the others still run.
+    conn.text_factory = _text
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
-    conn.execute("PRAGMA busy_timeout=30000")
     return conn
+
+
+def _abort_handles(conn: sqlite3.Connection) -> AbortHandles:
+    return conn.interrupt, conn.close
+
+
+def _set_lock_wait(conn: sqlite3.Connection, milliseconds: int) -> None:
+    conn.execute(f"PRAGMA busy_timeout = {int(milliseconds)}")
+
+
+def _text(value: bytes) -> str:
+    return value.decode("utf-8", "surrogateescape")
 
 
 def _is_contention(driver: Any, exc: BaseException) -> bool:
@@ -47,5 +66,8 @@ SQLITE = Dialect(
     connect=_connect,
     is_contention=_is_contention,
     is_connection_error=_is_connection_error,
+    abort_handles=_abort_handles,
     returning=True,
+    set_lock_wait=_set_lock_wait,
+    drivers=("sqlite3", "pysqlite2", "pysqlite3"),
 )

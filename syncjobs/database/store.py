@@ -1,20 +1,19 @@
 """The database store: jobs as rows, claimed in batches under leases.
 
-One fetcher thread claims rows for the workers that are waiting (up to one
-per idle worker, in one transaction), a heartbeat thread renews the leases of
-this process's running rows, and on PostgreSQL a listener thread wakes the
-fetcher on NOTIFY. Workers take claimed envelopes from a local queue, so the
-worker loop is the in-memory one, unchanged.
+The fetcher (``fetcher.py``) claims rows for the workers that are waiting
+and recovers expired leases; dispatch's inserts are ``intake.py``'s. The outcome writer, the heartbeat (which
+renews the leases of the rows this process holds) and, on PostgreSQL, the
+listener that wakes the fetcher on NOTIFY are in ``background.py``. Workers
+take claimed envelopes from a local queue, so the worker loop is the
+in-memory one, unchanged.
 """
 
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import json
 import logging
 import os
-import queue as stdqueue
 import socket
 import threading
 import time
@@ -22,27 +21,24 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import tenacity
-
 from ..envelope import Envelope
 from ..errors import QueueError
 from . import queries
+from .background import Heartbeat, Leases, Listener, Loop, OutcomeWriter
+from .connections import Connections, DatabaseUnavailable
 from .dialects import MYSQL, POSTGRES, Connector
+from .fetcher import Fetcher
+from .intake import Intake
+from .postgres import notify_channel
 
 logger = logging.getLogger("syncjobs.database")
 
+FETCHER_THREAD = "syncjobs-fetcher"
+
+# Importable from here too, as before connections.py owned it.
+__all__ = ["DatabaseStore", "DatabaseUnavailable"]
+
 T = TypeVar("T")
-
-
-class DatabaseUnavailable(QueueError):
-    """The database could not be reached in time; nothing was enqueued."""
-
-
-class _Wake:
-    """Put on the local queue to wake one blocked worker."""
-
-
-_WAKE = _Wake()
 
 
 class DatabaseStore:
@@ -68,8 +64,6 @@ class DatabaseStore:
         self.poll_interval = poll_interval
         self.carry = {var.name: var for var in carry}
         self.dispatch_timeout = dispatch_timeout
-        #: Rows claimed ahead of the workers that wait for them.
-        self.prefetch = prefetch
         #: Worker threads this store feeds; a store with any is listed in ``<table>_workers``.
         self.workers = workers
         self._clock = clock
@@ -77,106 +71,71 @@ class DatabaseStore:
         self.owner = f"{uuid.uuid4().hex[:12]}"
         self._sql = {name: self.dialect.sql(text, table) for name, text in vars(queries).items() if name.isupper()}
         self._local = threading.local()
-        self._insert_cache: dict[int, str] = {}
-        self._connections: list[Any] = []
-        self._connections_lock = threading.Lock()
-        self._ready: stdqueue.SimpleQueue[Envelope | _Wake] = stdqueue.SimpleQueue()
-        # Workers waiting in claim() and envelopes buffered for them: the
-        # fetcher claims the difference, so it never hoards rows.
-        self._want = threading.Condition()
-        self._waiting = 0
-        self._buffered = 0
-        # Envelopes handed to a worker and not yet finished or given back,
-        # and claims between their commit and the local queue.
-        self._inflight = 0
-        self._claiming = 0
-        self._claims_begun = 0
-        self._kick = threading.Event()
-        self._closed = threading.Event()
-        self._threads: list[threading.Thread] = []
+        #: This process's connections to the database, shared with the queue's admin.
+        self.connections = Connections(connector)
+        self._fetcher = Fetcher(
+            self,
+            self._sql,
+            self.dialect,
+            queue=queue,
+            owner=self.owner,
+            lease=lease,
+            poll_interval=poll_interval,
+            prefetch=prefetch,
+            carry=self.carry,
+            on_dead=self._dead_by_fetcher,
+            hold=self._hold,
+        )
+        self._intake = Intake(self._sql, self.dialect, lambda: self.channel)
+        # Each open() builds its own: the leases this process holds, the loops
+        # (each with its own stop event), the outcome writer, the listener.
+        self._leases = Leases()
+        self._loops: list[Loop] = []
+        self._writer_loop: Loop | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._writer = self._new_writer()
+        self._listener: Listener | None = None
         self._finished = threading.Condition()
-        self._completions: list[Envelope] = []
-        self._completions_cond = threading.Condition()
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
         self.on_expired_dead: Callable[[Envelope, str], None] = lambda envelope, error: None
 
+    def _dead_by_fetcher(self, envelope: Envelope, error: str) -> None:
+        # Looked up at each call: the queue sets on_expired_dead after construction.
+        self.on_expired_dead(envelope, error)
+
+    def _hold(self, envelopes: Sequence[Envelope]) -> None:
+        # Claimed rows are renewed until written back or given up; each open() has its own Leases.
+        self._leases.hold(envelope.lease for envelope in envelopes)
+
+    @property
+    def prefetch(self) -> int:
+        """Rows claimed ahead of the workers that wait for them."""
+        return self._fetcher.prefetch
+
+    @prefetch.setter
+    def prefetch(self, value: int) -> None:
+        self._fetcher.prefetch = value
+
     # -- connections --------------------------------------------------------
 
-    def _connection(self) -> Any:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self.connector.connect()
-            if getattr(self._local, "relaxed", False) and self.dialect is POSTGRES:
-                # Claims and completions only: if the server crashes before
-                # these commits reach disk, the jobs run again (at-least-once),
-                # and commits stop waiting for fsync. Dispatch stays durable.
-                conn.execute("SET synchronous_commit TO off")
-            self._local.conn = conn
-            with self._connections_lock:
-                self._connections.append(conn)
-        return conn
+    def relax_this_thread(self) -> None:
+        """The calling thread is one of this store's loops: it keeps its own connection, with relaxed commits."""
+        self.connections.relax_this_thread()
 
-    def _drop_connection(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            with self._connections_lock:
-                if conn in self._connections:
-                    self._connections.remove(conn)
-            try:
-                conn.close()
-            except Exception:
-                logger.debug("closing a broken connection failed", exc_info=True)
-
-    def _retrying(self, deadline: float | None) -> tenacity.Retrying:
-        """Reconnect and retry on a lost connection or a locked SQLite, with capped, jittered waits."""
-        stop: Any = tenacity.stop_never if deadline is None else tenacity.stop_after_delay(deadline)
-        return tenacity.Retrying(
-            retry=tenacity.retry_if_exception(self.connector.is_transient),
-            wait=tenacity.wait_random_exponential(multiplier=0.05, max=2.0),
-            stop=stop,
-            before_sleep=self._before_retry,
-            reraise=True,
-        )
-
-    def _before_retry(self, state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        if exc is not None and self.connector.is_connection_error(exc):
-            logger.warning("the %s database did not answer (%s); reconnecting", self.dialect.name, exc)
-            self._drop_connection()
-        else:
-            # Contention (a deadlock, a lock wait, SQLite busy) is normal under load.
-            logger.debug("the %s database was busy (%s); trying again", self.dialect.name, exc)
+    def _relax_if_marked(self) -> None:
+        # A loop may also mark its thread by setting ``_local.relaxed``.
+        if getattr(self._local, "relaxed", False):
+            self.connections.relax_this_thread()
 
     def run(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
-        """Run ``operation(cursor)`` on this thread's connection, retrying through outages."""
-        for attempt in self._retrying(deadline):
-            with attempt:
-                conn = self._connection()
-                cursor = conn.cursor()
-                try:
-                    return operation(cursor)
-                finally:
-                    cursor.close()
-        raise AssertionError("unreachable: tenacity re-raises")  # pragma: no cover
+        """Run ``operation(cursor)``, retrying through outages for up to ``deadline`` seconds (None: forever)."""
+        self._relax_if_marked()
+        return self.connections.run(operation, timeout=deadline)
 
     def transaction(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
         """Like :meth:`run`, inside one transaction (BEGIN IMMEDIATE on SQLite)."""
-
-        def in_transaction(cursor: Any) -> T:
-            cursor.execute(self.dialect.begin)
-            try:
-                result = operation(cursor)
-            except BaseException:
-                try:
-                    cursor.execute("ROLLBACK")
-                except Exception:
-                    logger.debug("rollback failed", exc_info=True)
-                raise
-            cursor.execute("COMMIT")
-            return result
-
-        return self.run(in_transaction, deadline=deadline)
+        self._relax_if_marked()
+        return self.connections.transaction(operation, timeout=deadline)
 
     # -- intake ---------------------------------------------------------------
 
@@ -209,17 +168,7 @@ class DatabaseStore:
     def put_many(self, items: Sequence[tuple[Envelope, float]], connection: Any = None) -> None:
         """Insert rows in one transaction: the caller's (never committed here) or our own."""
         params = [self.insert_params(envelope, delay) for envelope, delay in items]
-
-        def insert(cursor: Any) -> None:
-            # Multi-row VALUES, built of placeholders only: one round trip per
-            # 500 rows on every driver (PyMySQL's executemany would not batch
-            # an INSERT that has SQL expressions in it).
-            for start in range(0, len(params), 500):
-                chunk = params[start : start + 500]
-                values = [value for row in chunk for value in row]
-                if self.dialect is POSTGRES:
-                    values.append(self.channel)
-                cursor.execute(self._insert_sql(len(chunk)), values)
+        insert = self._intake.operation(items, params, own_transaction=len(items) == 1)
 
         if connection is not None:
             cursor = connection.cursor()
@@ -228,112 +177,66 @@ class DatabaseStore:
             finally:
                 cursor.close()
         else:
-            try:
-                if len(items) == 1:
-                    self.run(insert, deadline=self.dispatch_timeout)
-                else:
-                    self.transaction(insert, deadline=self.dispatch_timeout)
-            except Exception as exc:
-                if self.connector.is_connection_error(exc):
-                    raise DatabaseUnavailable(
-                        f"job {items[0][0].name!r}: the {self.dialect.name} database is unavailable: {exc}"
-                    ) from exc
-                raise
-        self._kick.set()
+            subject = f"job {items[0][0].name!r}"
+            if len(items) == 1:
+                self.connections.run(insert, timeout=self.dispatch_timeout, subject=subject)
+            else:
+                self.connections.transaction(insert, timeout=self.dispatch_timeout, subject=subject)
+        if connection is not None and self.dialect is not POSTGRES:
+            # The caller commits later, and no driver says when: the fetcher
+            # looks again soon. (PostgreSQL's NOTIFY comes with the commit.)
+            self._fetcher.kick_soon()
+        else:
+            self._fetcher.kick()
 
-    def _insert_sql(self, rows: int) -> str:
-        sql = self._insert_cache.get(rows)
-        if sql is None:
-            values = ", ".join([self._sql["INSERT_ROW"]] * rows)
-            sql = f"{self._sql['INSERT_INTO']} {values}"
-            if self.dialect is POSTGRES:
-                # The same statement wakes the other processes' workers: the
-                # NOTIFY is delivered at commit, so a rolled-back dispatch wakes
-                # nobody, and it carries a job id, nothing from the job itself.
-                sql = self._sql["INSERT_AND_NOTIFY"].replace("{insert}", sql)
-            self._insert_cache[rows] = sql
-        return sql
+    def wake_fetcher(self) -> None:
+        """Look for ready rows now (rows were queued some other way than put_many)."""
+        self._fetcher.kick()
 
     @property
     def channel(self) -> str:
-        # An identifier for LISTEN: the queue name is hashed, so that nothing
-        # a caller chose reaches SQL text.
-        return f"{self.table}_{hashlib.sha256(self.queue.encode()).hexdigest()[:16]}"
+        return notify_channel(self.table, self.queue)
 
     # -- the worker loop's calls ------------------------------------------
 
     def claim(self, stopping: threading.Event) -> Envelope | None:
-        with self._want:
-            self._waiting += 1
-            self._want.notify_all()
-        item = self._ready.get()
-        with self._want:
-            self._waiting -= 1
-            if item is not _WAKE:
-                self._buffered -= 1
-                self._inflight += 1
-        return None if isinstance(item, _Wake) else item
+        return self._fetcher.take()
 
-    def _settled(self) -> None:
-        with self._want:
-            self._inflight -= 1
+    def _settled(self, envelopes: list[Envelope]) -> None:
+        self._fetcher.settled(envelopes)
+        with self._finished:
+            self._finished.notify_all()
+
+    # Outcomes go through the outcome writer's thread: no worker (and no
+    # shutdown) waits on the database for longer than a bound. Settled once
+    # written (or given up): until then the row is this worker's, and
+    # drained() must not say the queue is empty.
 
     def complete(self, envelope: Envelope) -> None:
-        self._settled()
-        # Deleted in batches by the completer thread: one commit for many jobs.
-        # A crash before the flush means the job runs again, as at-least-once allows.
-        with self._completions_cond:
-            self._completions.append(envelope)
-            self._completions_cond.notify()
-
-    # Settled after the write: until the row is back (or dead), it is this
-    # worker's, and drained() must not say the queue is empty.
+        # Deleted in batches: one commit for many jobs. A crash before the
+        # flush means the job runs again, as at-least-once allows.
+        self._writer.complete(envelope)
 
     def park(self, envelope: Envelope, due: float) -> None:
         delay = max(0.0, due - self._clock())
         self._fenced("PARK", (envelope.attempt, delay, envelope.id, envelope.lease), envelope)
-        self._settled()
 
     def release(self, envelope: Envelope) -> None:
-        self._fenced("PARK", (envelope.attempt, 0.0, envelope.id, envelope.lease), envelope)
-        self._settled()
+        # Not waited for: shutdown hands runs back, and its grace is its own.
+        self._fenced("PARK", (envelope.attempt, 0.0, envelope.id, envelope.lease), envelope, wait=0.0)
 
     def dead(self, envelope: Envelope, error: str) -> None:
+        # Waited for (within a bound): the dead-letter callbacks run after, and
+        # pending_count() should already be down then.
         self._fenced("DEAD", (envelope.attempt, error, envelope.id, envelope.lease), envelope)
-        self._settled()
 
     def wake(self, count: int) -> None:
-        for _ in range(count):
-            self._ready.put(_WAKE)
+        self._fetcher.wake(count)
 
-    def _fenced(self, query: str, params: tuple[Any, ...], envelope: Envelope, deadline: float | None = None) -> None:
-        def execute(cursor: Any) -> int:
-            cursor.execute(self._sql[query], params)
-            return int(cursor.rowcount)
-
-        extra = {"job_name": envelope.name, "job_id": envelope.id}
-        try:
-            # Retried through an outage for as long as the lease lasts; past
-            # it the row may be another worker's, so there is no point.
-            changed = self.run(execute, deadline=self.lease if deadline is None else deadline)
-        except Exception:
-            logger.exception(
-                "job %s (%s): its outcome could not be written; the lease will expire and the job run again",
-                envelope.name,
-                envelope.id,
-                extra=extra,
-            )
-            return
-        if changed == 0:
-            logger.warning(
-                "job %s (%s): its lease was lost (it ran too long or this worker stalled); "
-                "the row belongs to another worker now and is left to it",
-                envelope.name,
-                envelope.id,
-                extra=extra,
-            )
-        with self._finished:
-            self._finished.notify_all()
+    def _fenced(self, query: str, params: tuple[Any, ...], envelope: Envelope, wait: float | None = None) -> None:
+        writer = self._writer
+        bound = writer.try_bound if wait is None else wait
+        writer.write(envelope, self._sql[query], params, wait=bound)
 
     # -- counting and waiting ------------------------------------------------
 
@@ -342,12 +245,7 @@ class DatabaseStore:
             cursor.execute(self._sql["PENDING"], (self.queue,))
             return int(cursor.fetchone()[0])
 
-        try:
-            return self.run(count, deadline=self.dispatch_timeout)
-        except Exception as exc:
-            if self.connector.is_connection_error(exc):
-                raise DatabaseUnavailable(f"the {self.dialect.name} database is unavailable: {exc}") from exc
-            raise
+        return self.run(count, deadline=self.dispatch_timeout)
 
     def drained(self) -> bool:
         """Nothing is ready to run on this queue and no worker here runs one of its jobs.
@@ -355,10 +253,7 @@ class DatabaseStore:
         Delayed jobs and retries waiting for their backoff do not count.
         """
 
-        def idle() -> int | None:
-            with self._want:
-                busy = self._inflight or self._buffered or self._claiming
-                return None if busy else self._claims_begun
+        idle = self._fetcher.idle_mark
 
         def count(cursor: Any) -> int:
             cursor.execute(self._sql["READY"], (self.queue,))
@@ -392,314 +287,154 @@ class DatabaseStore:
     # -- lifecycle ----------------------------------------------------------------
 
     def open(self) -> None:
-        # A new Event, not clear(): a listener of the last open() that has not
-        # yet woken must still see its own store closed.
-        self._closed = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._fetch_loop, name="syncjobs-fetcher", daemon=True),
-            threading.Thread(target=self._complete_loop, name="syncjobs-completer", daemon=True),
-            threading.Thread(target=self._heartbeat_loop, name="syncjobs-heartbeat", daemon=True),
+        self._leases = Leases()
+        self._writer = writer = self._new_writer()
+        self._heartbeat = heartbeat = Heartbeat(
+            self,
+            self._leases,
+            renew=self._renew,
+            also=self._worker_beat,
+            down=self._worker_down if self.workers else None,
+            lease=self.lease,
+            owner=self.owner,
+        )
+        self._writer_loop = Loop("syncjobs-completer", self._relaxed(writer.loop), writer.wake)
+        self._loops = [
+            Loop(FETCHER_THREAD, self._relaxed(self._fetcher.loop), self._fetcher.stop),
+            self._writer_loop,
+            Loop("syncjobs-heartbeat", self._relaxed(heartbeat.loop)),
         ]
+        self._listener = None
         if self.dialect is POSTGRES:
-            self._threads.append(
-                threading.Thread(target=self._listen_loop, args=(self._closed,), name="syncjobs-listener", daemon=True)
+            self._listener = Listener(
+                self.connector.connect, channel=self.channel, kick=self._fetcher.kick, poll_interval=self.poll_interval
             )
-        for thread in self._threads:
-            thread.start()
+            self._loops.append(Loop("syncjobs-listener", self._listener.loop))
+        for loop in self._loops:
+            loop.start()
         if self.workers:
             try:
                 self.transaction(self._worker_up, deadline=self.dispatch_timeout)
             except Exception:  # noqa: BLE001 - only stats read the row; the heartbeat writes it later
                 logger.warning("could not list this worker in %s_workers; the heartbeat tries again", self.table)
 
+    def _new_writer(self) -> OutcomeWriter:
+        return OutcomeWriter(
+            self, self._leases, complete=self._write_completed, lease=self.lease, settled=self._settled
+        )
+
+    def _relaxed(self, body: Callable[[threading.Event], None]) -> Callable[[threading.Event], None]:
+        def relaxed(stop: threading.Event) -> None:
+            # Outcomes and renewals only: if the server crashes before these
+            # commits reach disk, the jobs run again (at-least-once).
+            self._local.relaxed = True
+            body(stop)
+
+        return relaxed
+
     def _worker_up(self, cursor: Any) -> None:
-        cursor.execute(self._sql["WORKER_DOWN"], (self.owner,))
         cursor.execute(
-            self._sql["WORKER_UP"],
+            self._sql["WORKER_UP_MYSQL" if self.dialect is MYSQL else "WORKER_UP"],
             (self.owner, self.queue, socket.gethostname()[:255], os.getpid(), self.workers, self.lease),
         )
 
-    def close(self) -> None:
-        self._closed.set()
-        self._kick.set()
-        with self._want:
-            self._want.notify_all()
-        with self._completions_cond:
-            self._completions_cond.notify_all()
-        for thread in self._threads:
-            # The listener leaves within poll_interval on its own (it is a
-            # daemon, blocked in the driver); shutdown does not wait for it.
-            # One that never started (open() failed before it) has nothing to join.
-            if thread.name != "syncjobs-listener" and thread.ident is not None:
-                thread.join(timeout=10.0)
-        self._threads = []
+    def close(self, deadline: float | None = None) -> None:
+        """Stop the loops and write what is left, until the monotonic ``deadline`` (5 s from now by default).
+
+        What could not be written by then is left to its lease (and logged):
+        a claimed row runs again once its lease expires.
+        """
+        if deadline is None:
+            deadline = time.monotonic() + 5.0
+        writer = self._writer
+        writer.flush_deadline = deadline
+        if self._heartbeat is not None:
+            self._heartbeat.leave_by = deadline
+        for loop in self._loops:
+            if loop is not self._writer_loop:
+                loop.stop()
+        # A claim in flight lands in the buffer before the buffer is emptied below.
+        for loop in self._loops:
+            if loop.thread.name == FETCHER_THREAD:
+                loop.join(deadline)
         # Claimed for a worker that never took them: back to the queue, no run spent.
-        while True:
-            try:
-                item = self._ready.get_nowait()
-            except stdqueue.Empty:
-                break
-            if isinstance(item, Envelope):
-                self._fenced("PARK", (item.attempt, 0.0, item.id, item.lease), item, deadline=5.0)
-        with self._want:
-            self._buffered = 0
-        if self.workers:
-            try:
-                self.run(lambda cursor: cursor.execute(self._sql["WORKER_DOWN"], (self.owner,)), deadline=5.0)
-            except Exception:  # the row lapses with its heartbeat anyway
-                logger.debug("could not remove this worker from %s_workers", self.table, exc_info=True)
-        self._close_connections()
+        for item in self._fetcher.unclaimed():
+            writer.write(item, self._sql["PARK"], (item.attempt, 0.0, item.id, item.lease), wait=0.0, taken=False)
+        for loop in self._loops:
+            loop.stop()  # the writer last: it flushes what was queued above
+        stuck = [loop for loop in self._loops if not loop.join(deadline)]
+        if stuck:
+            # Blocked in the database past the deadline (a silent network, a
+            # lock held elsewhere): break their connections under them.
+            logger.warning(
+                "the %s database did not answer within the shutdown grace; leaving %s (what they had not "
+                "written is left to its lease)",
+                self.dialect.name,
+                ", ".join(loop.thread.name for loop in stuck),
+            )
+            # Shut their sockets down under them (the connections' owner does
+            # that for a connection in use), so they see an error and their stop.
+            self.connections.close(retire=[loop.thread for loop in stuck])
+            if self._listener is not None:
+                self._listener.abort()
+            bound = time.monotonic() + 0.5
+            stuck = [loop for loop in stuck if not loop.join(bound)]
+            if stuck:
+                logger.debug("left behind: %s", ", ".join(loop.thread.name for loop in stuck))
+        self._loops = []
+        self._heartbeat = None
+        self.connections.close()
 
-    def _close_connections(self) -> None:
-        with self._connections_lock:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            try:
-                conn.close()
-            except Exception:
-                logger.debug("closing a connection failed", exc_info=True)
-        self._local = threading.local()
+    # -- what the background loops run --------------------------------------------
 
-    # -- the completer ------------------------------------------------------------
+    def _write_completed(self, batch: list[Envelope], deadline: float) -> int:
+        """Delete finished rows (fenced on their leases), record and count them, in one commit; how many."""
+        if self.dialect is POSTGRES:
+            # One statement, so one round trip and no BEGIN/COMMIT: the completer is
+            # the busiest writer of a queue that runs short jobs.
+            ids = [envelope.id for envelope in batch]
+            tokens = [envelope.lease for envelope in batch]
 
-    def _complete_loop(self) -> None:
-        self._local.relaxed = True
-        while True:
-            with self._completions_cond:
-                while not self._completions and not self._closed.is_set():
-                    self._completions_cond.wait()
-                batch, self._completions = self._completions, []
-            if batch:
-                self._delete_completed(batch)
-            elif self._closed.is_set():
-                return
+            def complete(cursor: Any) -> int:
+                cursor.execute(self._sql["COMPLETE_RECORD_COUNT"], (ids, tokens, self.queue, int(time.time())))
+                row = cursor.fetchone()
+                return int(row[0]) if row else 0
 
-    def _delete_completed(self, batch: list[Envelope]) -> None:
+            return self.run(complete, deadline=deadline)
+        return self.transaction(lambda cursor: self._delete_completed(cursor, batch), deadline=deadline)
+
+    def _delete_completed(self, cursor: Any, batch: list[Envelope]) -> int:
+        """Delete finished rows (fenced on their leases) and count them done; how many were deleted."""
         by_lease: dict[str | None, list[str]] = {}
         for envelope in batch:
             by_lease.setdefault(envelope.lease, []).append(envelope.id)
+        deleted = 0
+        for lease, ids in by_lease.items():
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ", ".join([self.dialect.placeholder] * len(chunk))
+                cursor.execute(self._sql["COMPLETE_MANY"].replace("{ids}", marks), (lease, *chunk))
+                deleted += int(cursor.rowcount)
+            # So that a dispatch retried after a lost reply does not insert them again.
+            self._intake.record_finished(cursor, ids)
+        if deleted:
+            # Counted with the deletes they record, for "done in the last minute".
+            count = self._sql["COUNT_DONE_MYSQL" if self.dialect is MYSQL else "COUNT_DONE"]
+            cursor.execute(count, (self.queue, int(time.time()), deleted))
+        return deleted
 
-        def delete(cursor: Any) -> int:
-            deleted = 0
-            for lease, ids in by_lease.items():
-                for start in range(0, len(ids), 500):
-                    chunk = ids[start : start + 500]
-                    marks = ", ".join([self.dialect.placeholder] * len(chunk))
-                    cursor.execute(self._sql["COMPLETE_MANY"].replace("{ids}", marks), (lease, *chunk))
-                    deleted += int(cursor.rowcount)
-            if deleted:
-                # Counted with the deletes they record, for "done in the last minute".
-                count = self._sql["COUNT_DONE_MYSQL" if self.dialect is MYSQL else "COUNT_DONE"]
-                cursor.execute(count, (self.queue, int(time.time()), deleted))
-            return deleted
+    def _renew(self, cursor: Any, tokens: list[str]) -> None:
+        """Push back the leases of the rows this process holds, and only those."""
+        for start in range(0, len(tokens), 500):
+            chunk = tokens[start : start + 500]
+            marks = ", ".join([self.dialect.placeholder] * len(chunk))
+            cursor.execute(self._sql["RENEW"].replace("{tokens}", marks), (self.lease, self.owner, *chunk))
 
-        try:
-            deleted = self.transaction(delete, deadline=self.lease)
-        except Exception:
-            logger.exception(
-                "%d finished job(s) could not be deleted; their leases will expire and they run again", len(batch)
-            )
-            deleted = len(batch)
-        if deleted < len(batch):
-            logger.warning(
-                "%d of %d finished job(s) had lost their lease (they ran too long or this worker stalled); "
-                "their rows belong to another worker now and are left to it",
-                len(batch) - deleted,
-                len(batch),
-            )
-        with self._finished:
-            self._finished.notify_all()
+    def _worker_down(self, cursor: Any) -> None:
+        cursor.execute(self._sql["WORKER_DOWN"], (self.owner,))
 
-    # -- the fetcher ------------------------------------------------------------
-
-    def _fetch_loop(self) -> None:
-        self._local.relaxed = True
-        next_recovery = 0.0
-        recovery_interval = min(self.lease / 2, 5.0)
-        while not self._closed.is_set():
-            with self._want:
-                # Also wake for lease recovery: the rows of a dead worker must
-                # come back even while every worker here is busy.
-                while (
-                    not self._closed.is_set()
-                    and self._waiting + self.prefetch - self._buffered <= 0
-                    and time.monotonic() < next_recovery
-                ):
-                    self._want.wait(max(0.0, next_recovery - time.monotonic()))
-                want = self._waiting + self.prefetch - self._buffered
-            if self._closed.is_set():
-                return
-            try:
-                if time.monotonic() >= next_recovery:
-                    self._recover_expired()
-                    next_recovery = time.monotonic() + recovery_interval
-                if want <= 0:
-                    continue
-                with self._want:
-                    self._claiming += 1
-                    self._claims_begun += 1
-                try:
-                    claimed = self._claim_batch(want)
-                except BaseException:
-                    with self._want:
-                        self._claiming -= 1
-                    raise
-            except Exception:
-                logger.exception("claiming jobs from the %s database failed; trying again", self.dialect.name)
-                self._closed.wait(self.poll_interval)
-                continue
-            with self._want:
-                self._claiming -= 1
-                self._buffered += len(claimed)
-            if claimed:
-                for envelope in claimed:
-                    self._ready.put(envelope)
-                continue
-            self._kick.wait(self._idle_wait())
-            self._kick.clear()
-
-    def _idle_wait(self) -> float:
-        """Until the next parked row is due, at most ``poll_interval``."""
-
-        def next_due(cursor: Any) -> float | None:
-            cursor.execute(self._sql["NEXT_DUE"], (self.queue,))
-            row = cursor.fetchone()
-            return None if row is None or row[0] is None else float(row[0])
-
-        try:
-            due = self.run(next_due, deadline=self.poll_interval)
-        except Exception:  # noqa: BLE001 - only a hint; the poll interval bounds the wait anyway
-            return self.poll_interval
-        return self.poll_interval if due is None else max(0.0, min(due, self.poll_interval))
-
-    def _claim_batch(self, want: int) -> list[Envelope]:
-        token = str(uuid.uuid4())
-
-        def claim(cursor: Any) -> list[tuple[Any, ...]]:
-            cursor.execute(self._sql["SELECT_READY"], (self.queue, want))
-            rows = list(cursor.fetchall())
-            if rows:
-                marks = ", ".join([self.dialect.placeholder] * len(rows))
-                cursor.execute(
-                    self._sql["MARK_CLAIMED"].replace("{ids}", marks),
-                    (self.owner, token, self.lease, *(row[0] for row in rows)),
-                )
-            return rows
-
-        def claim_returning(cursor: Any) -> list[tuple[Any, ...]]:
-            cursor.execute(self._sql["CLAIM_RETURNING"], (self.owner, token, self.lease, self.queue, want))
-            return list(cursor.fetchall())
-
-        rows = self.run(claim_returning) if self.dialect.returning else self.transaction(claim)
-        return [self._envelope(row, token) for row in rows]
-
-    def _envelope(self, row: Sequence[Any], token: str | None) -> Envelope:
-        job_id, name, payload, context, attempt, max_attempts = row
-        return Envelope(
-            str(job_id),
-            str(name),
-            str(payload),
-            int(max_attempts),
-            int(attempt),
-            self._context(context, str(job_id)),
-            lease=token,
-        )
-
-    def _context(self, carried: str | None, job_id: str) -> contextvars.Context:
-        context = contextvars.Context()
-        if not carried:
-            return context
-        try:
-            values = json.loads(carried)
-        except ValueError:
-            logger.warning("job %s: its carried context is not JSON; running with the defaults", job_id)
-            return context
-        for name, value in values.items() if isinstance(values, dict) else ():
-            var = self.carry.get(name)
-            if var is not None:
-                context.run(var.set, value)
-        return context
-
-    def _recover_expired(self) -> None:
-        """Rows whose worker died: back to the queue with that run spent, or dead if it was the last."""
-
-        def housekeeping(cursor: Any) -> None:
-            # For stats: dead workers' rows, and done counts older than an hour.
-            # Autocommitted, each on its own, so that they hold no lock across others.
-            cursor.execute(self._sql["WORKERS_PRUNE"])
-            cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - 3600))
-
-        def recover(cursor: Any) -> list[tuple[Envelope, str | None]]:
-            cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))
-            outcomes: list[tuple[Envelope, str | None]] = []
-            for row in cursor.fetchall():
-                envelope = self._envelope(row, None)
-                envelope.attempt += 1
-                if envelope.attempt >= envelope.max_attempts:
-                    error = (
-                        f"lease expired on its last attempt ({envelope.attempt} of {envelope.max_attempts}): "
-                        "its worker died or stalled"
-                    )
-                    cursor.execute(self._sql["DEAD_EXPIRED"], (envelope.attempt, error, envelope.id))
-                    outcomes.append((envelope, error))
-                else:
-                    cursor.execute(self._sql["REQUEUE_EXPIRED"], (envelope.attempt, envelope.id))
-                    outcomes.append((envelope, None))
-            return outcomes
-
-        self.run(housekeeping)
-        for envelope, error in self.transaction(recover):
-            if error is None:
-                logger.warning(
-                    "job %s (%s): lease expired, claimed again (run %d of %d spent)",
-                    envelope.name,
-                    envelope.id,
-                    envelope.attempt,
-                    envelope.max_attempts,
-                    extra={"job_name": envelope.name, "job_id": envelope.id},
-                )
-            else:
-                self.on_expired_dead(envelope, error)
-
-    # -- heartbeat and notifications ------------------------------------------
-
-    def _heartbeat_loop(self) -> None:
-        # Relaxed like the claims: a renewal lost in a server crash costs nothing.
-        self._local.relaxed = True
-        interval = self.lease / 3
-
-        def renew(cursor: Any) -> None:
-            cursor.execute(self._sql["RENEW"], (self.lease, self.owner))
-            if self.workers:
-                cursor.execute(self._sql["WORKER_BEAT"], (self.owner,))
-                if not cursor.rowcount:  # pruned while this process stalled: list it again
-                    self._worker_up(cursor)
-
-        while not self._closed.wait(interval):
-            try:
-                self.run(renew, deadline=interval)
-            except Exception:
-                logger.exception("renewing the leases of worker %s failed; trying again", self.owner)
-
-    def _listen_loop(self, closed: threading.Event) -> None:
-        """PostgreSQL: LISTEN on the queue's channel and kick the fetcher on each NOTIFY."""
-        while not closed.is_set():
-            try:
-                conn = self.connector.connect()
-            except Exception:
-                logger.debug("the notification connection could not be opened", exc_info=True)
-                closed.wait(self.poll_interval)
-                continue
-            try:
-                conn.execute(f'LISTEN "{self.channel}"')
-                while not closed.is_set():
-                    for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
-                        self._kick.set()
-            except Exception:
-                logger.info("the notification connection dropped; re-opening it", exc_info=True)
-                closed.wait(min(self.poll_interval, 1.0))
-            finally:
-                try:
-                    conn.close()
-                except Exception:
-                    logger.debug("closing the notification connection failed", exc_info=True)
+    def _worker_beat(self, cursor: Any) -> None:
+        if self.workers:
+            cursor.execute(self._sql["WORKER_BEAT"], (self.owner,))
+            if not cursor.rowcount:  # pruned while this process stalled: list it again
+                self._worker_up(cursor)

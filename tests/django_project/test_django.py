@@ -6,8 +6,14 @@ import asyncio
 import datetime
 import io
 import json
+import os
 import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.conf import settings
@@ -15,6 +21,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.tasks import TaskResultStatus, task
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
 from django.tasks.signals import task_enqueued, task_finished, task_started
@@ -23,8 +30,10 @@ from django.utils import timezone
 
 import syncjobs
 import syncjobs.contrib.django as sj
+from syncjobs.contrib.django import conf
 from syncjobs.contrib.django.models import QueuedJob, TaskResultRecord
 from syncjobs.contrib.django.tasks import RunTask
+from tests.django_project.forwarder import Forwarder
 from tests.django_project.shop import jobs
 from tests.django_project.shop.models import Order
 
@@ -183,6 +192,21 @@ def test_the_admin_lists_filters_searches_and_acts_on_dead_letters(alias: str) -
     assert QueuedJob.objects.using(alias).filter(id=live_id).count() == 1  # not a dead letter: kept
 
 
+def test_dead_letter_callbacks_reach_the_worker_commands_queues(alias: str) -> None:
+    jobs.DEAD_LETTERS.clear()
+    sj.dispatch(jobs.ConfirmOrder(number="nowhere", database=alias))
+    run_worker()
+    assert jobs.DEAD_LETTERS == [("shop.confirm_order", "fatal: no order nowhere")]
+
+
+def test_dead_letter_callbacks_reach_the_memory_backends_queues() -> None:
+    jobs.DEAD_LETTERS.clear()
+    with override_settings(SYNCJOBS={"BACKEND": "memory", "WORKERS": 1, "QUEUES": ["default"]}):
+        sj.dispatch(jobs.ConfirmOrder(number="nowhere", database="default"), queue="other")
+        assert sj.get_queue("other").join(timeout=10)
+    assert jobs.DEAD_LETTERS == [("shop.confirm_order", "fatal: no order nowhere")]
+
+
 # -- the Django Tasks backend ------------------------------------------------------------
 
 
@@ -241,6 +265,28 @@ def test_a_failing_task_is_failed_with_its_error(alias: str) -> None:
     assert "ValueError: boom" in error.traceback
     # Not retried (Django's Tasks have no retry policy); a dead letter for the operator.
     assert job_rows(alias) == [("syncjobs.django.task", "dead", 1)]
+
+
+def test_retrying_a_failed_task_from_the_admin_runs_the_task_again(alias: str) -> None:
+    result = jobs.confirm_existing.enqueue("R-1")
+    run_worker()
+    assert jobs.confirm_existing.get_result(result.id).status == TaskResultStatus.FAILED
+    [dead_id] = QueuedJob.objects.using(alias).filter(state="dead").values_list("id", flat=True)
+
+    Order.objects.using("default").create(number="R-1")  # what it lacked (the task reads "default")
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+    form = {"action": "retry_dead_letters", "_selected_action": [dead_id]}
+    response = client.post("/admin/syncjobs/queuedjob/", form)
+    assert response.status_code == 302
+    run_worker()
+
+    fetched = jobs.confirm_existing.get_result(result.id)
+    assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, "R-1")
+    assert fetched.attempts == 2
+    assert [error.exception_class_path for error in fetched.errors] == ["builtins.LookupError"]  # the first run's
+    assert Order.objects.get(number="R-1").confirmed
+    assert job_rows(alias) == []
 
 
 def test_run_after_defers_the_task(alias: str) -> None:
@@ -308,3 +354,156 @@ def test_the_worker_command_logs_json_lines(alias: str, capfd: pytest.CaptureFix
     assert done["outcome"] == "done"
     assert re.fullmatch(r"[0-9a-f-]{36}", done["job_id"])
     assert jobs.add.get_result(result.id).return_value == 8
+
+
+# -- syncjobs connects as Django does ------------------------------------------------------
+
+
+def database(alias: str) -> str:
+    if alias not in settings.DATABASES:
+        pytest.skip(f"{alias} is not reachable")
+    return alias
+
+
+def like(alias: str, **overrides: Any) -> BaseDatabaseWrapper:
+    """A Django connection to ``alias``'s (test) database, with ``overrides`` in its settings."""
+    wrapper: BaseDatabaseWrapper = type(connections[alias])({**connections[alias].settings_dict, **overrides}, alias)
+    return wrapper
+
+
+def dispatch_through(connection: BaseDatabaseWrapper) -> str:
+    """Dispatch one job on syncjobs' own connection, made as the integration makes it."""
+    url, connect_args = conf.connection_params(connection)
+    queue = syncjobs.DatabaseJobQueue(
+        url, connect_args=connect_args, workers=0, table=conf.TABLE, auto_schema=False, dispatch_timeout=2
+    )
+    queue.register(jobs.ConfirmOrder)
+    try:
+        return queue.dispatch(jobs.ConfirmOrder(number="C-1", database=connection.alias))
+    finally:
+        queue.shutdown()
+
+
+def test_postgresql_over_a_unix_socket(tmp_path: Path) -> None:
+    alias = database("postgresql")
+    # The machine's server listens on TCP only: a socket of the test's own leads there.
+    with Forwarder.unix(str(tmp_path / ".s.PGSQL.5432"), ("127.0.0.1", 5432)) as forwarder:
+        connection = like(alias, HOST=str(tmp_path), PORT="5432")
+        dispatch_through(connection)
+        assert forwarder.accepted >= 1
+    assert job_rows(alias) == [("shop.confirm_order", "queued", 0)]
+    url, _ = conf.connection_params(connection)
+    assert url == f"postgresql://postgres@{quote(str(tmp_path), safe='')}:5432/test_syncjobs_django"
+
+
+def test_postgresql_over_ipv6() -> None:
+    alias = database("postgresql")
+    try:
+        forwarder = Forwarder.tcp("::1", ("127.0.0.1", 5432))
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback here: {exc}")
+    with forwarder:
+        dispatch_through(like(alias, HOST="::1", PORT=str(forwarder.listener.getsockname()[1])))
+        assert forwarder.accepted >= 1
+    assert job_rows(alias) == [("shop.confirm_order", "queued", 0)]
+
+
+def test_postgresql_options_such_as_sslmode_apply() -> None:
+    alias = database("postgresql")
+    connection = like(alias, OPTIONS={"sslmode": "require"})
+    _, connect_args = conf.connection_params(connection)
+    assert connect_args["sslmode"] == "require"
+    # This server has no TLS: Django refuses to connect without it, and so does syncjobs.
+    with pytest.raises(Exception, match="SSL"):
+        connection.ensure_connection()
+    with pytest.raises(syncjobs.QueueError) as refused:  # the driver's error chained
+        dispatch_through(connection)
+    assert "server does not support SSL, but SSL was required" in chain(refused.value)
+    assert job_rows(alias) == []
+
+
+def test_mysql_over_its_unix_socket() -> None:
+    alias = database("mysql")
+    sock = "/run/mysqld/mysqld.sock"
+    if not os.path.exists(sock):
+        pytest.skip(f"no MySQL/MariaDB socket at {sock}")
+    # A port nothing listens on: only the socket can have carried it.
+    dispatch_through(like(alias, HOST=sock, PORT="1"))
+    assert job_rows(alias) == [("shop.confirm_order", "queued", 0)]
+
+
+def chain(exc: BaseException | None) -> str:
+    """Every message of ``exc`` and its causes."""
+    messages = []
+    while exc is not None:
+        messages.append(str(exc))
+        exc = exc.__cause__ or exc.__context__
+    return " | ".join(messages)
+
+
+def test_mysql_options_such_as_ssl_apply(tmp_path: Path) -> None:
+    alias = database("mysql")
+    missing = str(tmp_path / "no-such-ca.pem")
+    connection = like(alias, OPTIONS={"ssl": {"ca": missing}})
+    _, connect_args = conf.connection_params(connection)
+    assert connect_args["ssl"] == {"ca": missing}
+    assert "conv" not in connect_args  # Django's converters stay Django's
+    # The CA file is read as Django's own connection reads it.
+    with pytest.raises(FileNotFoundError):
+        connection.ensure_connection()
+    with pytest.raises(FileNotFoundError):
+        dispatch_through(connection)
+    assert job_rows(alias) == []
+
+
+MEMORY_BACKEND_AT_EXIT = textwrap.dedent(
+    """
+    import dataclasses, threading
+    import django
+    django.setup()
+    import syncjobs
+    import syncjobs.contrib.django as sj
+
+    started = threading.Event()
+
+    @sj.register
+    @dataclasses.dataclass
+    class Slow(syncjobs.Job):
+        NAME = "script.slow"
+
+        def run(self):
+            started.set()
+            if syncjobs.current_job().cancelled.wait(1.0):
+                print("cancelled", flush=True)
+                raise syncjobs.Cancelled()
+            print("finished", flush=True)
+
+    sj.dispatch(Slow())
+    assert started.wait(30)
+    # The main thread ends with the job running: it gets its grace.
+    """
+)
+
+
+def test_the_memory_backend_gives_running_jobs_their_grace_at_exit(tmp_path: Path) -> None:
+    (tmp_path / "memory_settings.py").write_text(
+        "from tests.django_project.settings import *  # noqa: F403\n"
+        'SYNCJOBS = {"BACKEND": "memory", "WORKERS": 1, "SHUTDOWN_GRACE": 30}\n'
+    )
+    root = str(Path(__file__).parents[2])
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMORY_BACKEND_AT_EXIT],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([root, str(tmp_path)]),
+            "DJANGO_SETTINGS_MODULE": "memory_settings",
+        },
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "finished\n", proc.stderr
+    assert "still pending in an in-memory queue" not in proc.stderr

@@ -1,16 +1,15 @@
 """syncjobs for Django: add ``"syncjobs.contrib.django"`` to ``INSTALLED_APPS``.
 
 Configuration is ``settings.SYNCJOBS`` (see ``conf.py``), read when a queue is
-first needed, never at import. Job classes register with :func:`register`
-(a class decorator, usable at import); :func:`dispatch` joins the caller's
-transaction where it can and waits for its commit where it cannot.
+first needed, never at import. Job classes register with :func:`register`,
+dead-letter callbacks with :func:`on_dead_letter` (both decorators, usable at
+import): every queue gets them, in every process. :func:`dispatch` joins the
+caller's transaction where it can and waits for its commit where it cannot.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import threading
 from collections.abc import Iterator
 from typing import TypeVar
 
@@ -19,57 +18,60 @@ from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
 
 from ...database import DatabaseJobQueue
+from ...dead_letters import DeadLetterCallback
 from ...job import Job
 from ...memory import InMemoryJobQueue
-from ...queue import Delay, StoreQueue
+from ...protocols import Delay
+from ...queue import StoreQueue
+from ...worker import RunWrapper
+from ..integration import JobSetup, ProcessQueues
 from . import conf
 
 J = TypeVar("J", bound=type[Job])
+C = TypeVar("C", bound=DeadLetterCallback)
 
-_lock = threading.RLock()
-_job_classes: list[type[Job]] = []
-_queues: dict[str, StoreQueue] = {}
-_started_in: dict[int, int] = {}  # id(queue) -> the pid whose workers run it (memory backend)
-_pid = os.getpid()  # whose _queues these are
+_setup = JobSetup()
 
 
 def register(job_cls: J) -> J:
     """Make ``job_cls`` runnable by the project's queues; a class decorator, fine at import time."""
-    with _lock:
-        if job_cls not in _job_classes:
-            _job_classes.append(job_cls)
-        for queue in _queues.values():
-            queue.register(job_cls)
+    _setup.register(job_cls)
     return job_cls
 
 
+def on_dead_letter(callback: C) -> C:
+    """Call ``callback(dead_letter)`` for each job of the project's queues that will not run again.
+
+    A decorator, fine at import time; it reaches every queue, in every
+    process (``syncjobs_worker`` too), between the connection housekeeping
+    jobs get.
+    """
+    _setup.on_dead_letter(callback)
+    return callback
+
+
+def wrap_runs(wrapper: RunWrapper) -> None:
+    """Enter ``wrapper()`` (a context manager) around every run of the project's queues."""
+    _setup.wrap_runs(wrapper)
+
+
 def get_queue(name: str | None = None) -> StoreQueue:
-    """The queue called ``name`` (default: the first of ``QUEUES``), built on first use."""
-    with _lock:
-        _forget_parent()
-        config = conf.read()
-        name = name or config.default_queue
-        queue = _queues.get(name)
-        if queue is None:
-            queue = _queues[name] = _build(config, name)
-        return queue
+    """The queue called ``name`` (default: the first of ``QUEUES``), built on first use in each process."""
+    return _queues.get(name or conf.read().default_queue)
 
 
 def worker_queues(
     names: list[str] | None = None, *, workers: int | None = None, grace: float | None = None
 ) -> list[StoreQueue]:
-    """Fresh queues for a worker process (``syncjobs_worker``), one per name, sharing the jobs."""
+    """Fresh queues for a worker process (``syncjobs_worker``), one per name."""
     config = conf.read()
     if config.backend == "memory":
         raise ImproperlyConfigured(
             "settings.SYNCJOBS uses the memory backend: its jobs run inside the web process that dispatches "
             'them, so there is nothing for a worker process to take; use "DATABASE" or "URL"'
         )
-    base = get_queue()
-    if not isinstance(base, DatabaseJobQueue):  # the backend checks above make this impossible
-        raise TypeError(f"expected a database queue, got {type(base).__name__}")
     return [
-        base.for_queue(name, workers=workers or config.workers, shutdown_grace=grace)
+        _build(config, name, workers=workers or config.workers, grace=grace)
         for name in dict.fromkeys(names or config.queues)
     ]
 
@@ -83,8 +85,9 @@ def dispatch(job: Job, *, delay: Delay = None, queue: str | None = None, using: 
     now and handed over when the transaction of ``using`` (default: the
     default database) commits, or at once outside a transaction.
     """
-    target = get_queue(queue)
     config = conf.read()
+    name = queue or config.default_queue
+    target = _queues.get(name)
     if config.database is not None and isinstance(target, DatabaseJobQueue) and using in (None, config.database):
         connection = connections[config.database]
         if connection.in_atomic_block:
@@ -92,67 +95,45 @@ def dispatch(job: Job, *, delay: Delay = None, queue: str | None = None, using: 
             return target.dispatch(job, delay=delay, connection=connection.connection)
         return target.dispatch(job, delay=delay)
     prepared = target.prepare(job, delay=delay)
-    _ensure_embedded(config, target)  # first: a dispatch whose start fails hands over no job
+    if config.backend == "memory":
+        # Its jobs run in this process: start its workers first, so that a
+        # dispatch whose start fails hands over no job.
+        _queues.start([name])
     transaction.on_commit(prepared.submit, using=using or DEFAULT_DB_ALIAS)
     return prepared.id
 
 
 def reset() -> None:
     """Shut down and forget the queues (settings changed, or a test is done)."""
-    with _lock:
-        queues = list(_queues.values())
-        _queues.clear()
-        _started_in.clear()
-    for queue in queues:
+    for queue in _queues.forget():
         queue.shutdown(grace=0)
 
 
-def _forget_parent() -> None:
-    """In a forked child (a pre-forking server), the parent's queues, connections and threads are not ours."""
-    global _pid  # noqa: PLW0603 - the one process-wide fact
-    if _pid != os.getpid():
-        _pid = os.getpid()
-        _queues.clear()
-        _started_in.clear()
-
-
-def _build(config: conf.Config, name: str) -> StoreQueue:
+def _build(config: conf.Config, name: str, *, workers: int | None = None, grace: float | None = None) -> StoreQueue:
     queue: StoreQueue
+    workers = config.workers if workers is None else workers
+    grace = config.shutdown_grace if grace is None else grace
     if config.backend == "memory":
-        queue = InMemoryJobQueue(config.workers, shutdown_grace=config.shutdown_grace)
+        queue = InMemoryJobQueue(workers, shutdown_grace=grace)
     else:
-        url = config.url or conf.url_for(config.database or DEFAULT_DB_ALIAS)
+        url, connect_args = (config.url, {}) if config.url else conf.connection_for(config.database or DEFAULT_DB_ALIAS)
         # With DATABASE, the table is the app's migration's: never created behind it.
         queue = DatabaseJobQueue(
             url,
-            workers=config.workers,
+            connect_args=connect_args,
+            workers=workers,
             queue=name,
-            shutdown_grace=config.shutdown_grace,
+            shutdown_grace=grace,
             table=conf.TABLE,
             auto_schema=config.database is None,
         )
     from .tasks import RunTask  # noqa: PLC0415 - tasks.py imports this module
 
-    for job_cls in (*_job_classes, RunTask):
-        queue.register(job_cls)
-    queue.wrap_runs(django_connections)
-    return queue
+    queue.register(RunTask)
+    return _setup.apply(queue, around=django_connections)
 
 
-def _ensure_embedded(config: conf.Config, queue: StoreQueue) -> None:
-    """The memory backend runs its jobs in this process: start its workers here, once per process."""
-    if config.backend != "memory":
-        return
-    with _lock:
-        if _started_in.get(id(queue)) == os.getpid():
-            return
-        _started_in[id(queue)] = os.getpid()
-    try:
-        queue.start()
-    except BaseException:
-        with _lock:  # the next dispatch tries again
-            _started_in.pop(id(queue), None)
-        raise
+_queues = ProcessQueues(lambda name: _build(conf.read(), name))
 
 
 @contextlib.contextmanager

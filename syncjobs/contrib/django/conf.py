@@ -11,6 +11,7 @@ from urllib.parse import quote
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 KNOWN_KEYS = ("BACKEND", "URL", "DATABASE", "WORKERS", "QUEUES", "SHUTDOWN_GRACE")
 BACKENDS = ("memory", "database")
@@ -21,8 +22,8 @@ TABLE = "syncjobs_jobs"
 @dataclasses.dataclass(frozen=True)
 class Config:
     backend: str
-    #: A database of syncjobs' own, by URL...
-    url: str | None
+    #: A database of syncjobs' own, by URL (its password kept out of repr())...
+    url: str | None = dataclasses.field(repr=False)
     #: ...or a Django database alias: dispatch joins its transactions.
     database: str | None
     workers: int
@@ -74,25 +75,47 @@ def read() -> Config:
     return Config(backend, url, database, workers, tuple(queues), float(grace))
 
 
-def url_for(alias: str) -> str:
-    """A syncjobs URL for the database Django knows as ``alias`` (its test database, under tests)."""
-    params: dict[str, Any] = connections[alias].settings_dict
+def connection_for(alias: str) -> tuple[str, dict[str, Any]]:
+    """How syncjobs connects to the database Django knows as ``alias`` (its test database, under tests)."""
+    return connection_params(connections[alias])
+
+
+def connection_params(connection: BaseDatabaseWrapper) -> tuple[str, dict[str, Any]]:
+    """A URL (the dialect, and what the worker prints) and the driver's keyword arguments for ``connection``.
+
+    The arguments are the ones Django connects with (``get_connection_params()``:
+    a Unix socket or an IPv6 ``HOST``, ``OPTIONS`` such as ``sslmode``), less
+    what is Django's own Python side (its cursor class, adapters and converters).
+    """
+    params: dict[str, Any] = connection.settings_dict
     engine, name = params["ENGINE"], str(params.get("NAME") or "")
-    if engine.endswith("sqlite3"):
+    if connection.vendor == "sqlite":
         if not name or name == ":memory:" or "mode=memory" in name:
             raise ImproperlyConfigured(
-                f"Django database {alias!r} is an in-memory SQLite database, which syncjobs' own connections "
-                'cannot share: give it a file NAME (and, for tests, a file TEST["NAME"])'
+                f"Django database {connection.alias!r} is an in-memory SQLite database, which syncjobs' own "
+                'connections cannot share: give it a file NAME (and, for tests, a file TEST["NAME"])'
             )
-        return f"sqlite:///{os.path.abspath(name)}"
-    if "postgresql" in engine:
-        scheme, port = "postgresql", params.get("PORT") or 5432
-    elif "mysql" in engine:
-        scheme, port = "mysql", params.get("PORT") or 3306
-    else:
-        raise ImproperlyConfigured(f"syncjobs cannot use Django database {alias!r}: {engine} is not supported")
+        return f"sqlite:///{os.path.abspath(name)}", {}
+    if connection.vendor not in _DJANGO_ONLY:
+        raise ImproperlyConfigured(
+            f"syncjobs cannot use Django database {connection.alias!r}: {engine} is not supported"
+        )
+    django_only = _DJANGO_ONLY[connection.vendor]
+    args = {key: value for key, value in connection.get_connection_params().items() if key not in django_only}
+    host = str(params.get("HOST") or "")
+    # What the worker prints, and what names the dialect: the arguments
+    # override all it says (only they hold the password). libpq parses it
+    # before applying them, so it stays a valid URL for every HOST.
+    shown_host = f"[{host}]" if ":" in host else quote(host, safe="")
+    port = f":{params['PORT']}" if params.get("PORT") else ""
     user = quote(str(params.get("USER") or ""), safe="")
-    password = params.get("PASSWORD")
-    auth = f"{user}:{quote(str(password), safe='')}@" if password else (f"{user}@" if user else "")
-    host = params.get("HOST") or ("localhost" if scheme == "mysql" else "")
-    return f"{scheme}://{auth}{host}:{port}/{quote(name, safe='')}" if host else f"{scheme}://{auth}/{quote(name)}"
+    return f"{connection.vendor}://{user}{'@' if user else ''}{shown_host}{port}/{quote(name, safe='')}", args
+
+
+#: What ``get_connection_params()`` holds for Django's own use, by vendor:
+#: PostgreSQL's cursor class and type adapters; MySQL's converters, and the
+#: flag that makes UPDATE count matched rows instead of changed ones.
+_DJANGO_ONLY = {
+    "postgresql": frozenset({"cursor_factory", "context"}),
+    "mysql": frozenset({"conv", "client_flag"}),
+}

@@ -28,6 +28,7 @@ from django.utils.crypto import get_random_string
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
+from ...context import current_job
 from ...errors import Cancelled, Fatal
 from ...ids import new_job_id
 from ...job import Job
@@ -165,7 +166,7 @@ class RunTask(Job):
             record = records.get(id=self.result_id)
         except TaskResultRecord.DoesNotExist:
             raise Fatal(f"task result {self.result_id} is gone") from None
-        if record.status in (SUCCESSFUL, FAILED):
+        if self._finished_before(record):
             return  # delivered again (at-least-once) after it finished: its result stands
         try:
             task = import_string(record.task_path)
@@ -173,6 +174,8 @@ class RunTask(Job):
             raise Fatal(f"task {record.task_path!r} cannot be imported: {exc}") from exc
         now = timezone.now()
         record.status = RUNNING
+        record.finished_at = None
+        record.return_value = None
         record.started_at = record.started_at or now
         record.last_attempted_at = now
         record.worker_ids = [*record.worker_ids, WORKER_ID]
@@ -194,6 +197,21 @@ class RunTask(Job):
             self._finish(record, FAILED, errors=[_error(exc)])
             raise Fatal(f"task {record.task_path} raised {type(exc).__name__}: {exc}") from exc
         self._finish(record, SUCCESSFUL, return_value=value)
+
+    @staticmethod
+    def _finished_before(record: TaskResultRecord) -> bool:
+        """The result of a run of this very job stands; a dead letter queued again runs the task again.
+
+        A task that raised made its job a dead letter; retrying that (the
+        admin's action, ``syncjobs dead retry``) gives the job fresh attempts,
+        so it runs at attempt 0, which only a first delivery otherwise does,
+        and a first delivery finds the result READY. A later attempt over a
+        finished result is the same run delivered again.
+        """
+        if record.status == SUCCESSFUL:
+            return True
+        info = current_job()
+        return record.status == FAILED and (info is None or info.attempt > 0)
 
     def _finish(self, record: TaskResultRecord, status: str, **fields: Any) -> None:
         record.status = status

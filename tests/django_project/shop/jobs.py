@@ -7,9 +7,22 @@ import dataclasses
 from django.tasks import task
 
 import syncjobs
-from syncjobs.contrib.django import register
+from syncjobs.contrib.django import on_dead_letter, register
+from tests import cli_jobs
 
 from .models import Order
+
+# What the worker command tests (tests/test_worker_commands.py) run.
+register(cli_jobs.Sleepy)
+register(cli_jobs.Stubborn)
+
+#: What the project's dead-letter callback saw: (job name, error).
+DEAD_LETTERS: list[tuple[str, str]] = []
+
+
+@on_dead_letter
+def remember_dead_letter(dead: syncjobs.DeadLetter) -> None:
+    DEAD_LETTERS.append((dead.name, dead.error))
 
 
 @register
@@ -49,3 +62,11 @@ async def double_later(x: int) -> int:
 @task(queue_name="reports")
 def monthly_report() -> dict[str, object]:
     return {"orders": Order.objects.count(), "ok": True}
+
+
+@task
+def confirm_existing(number: str) -> str:
+    """Fails while the order does not exist."""
+    if not Order.objects.filter(number=number).update(confirmed=True):
+        raise LookupError(f"no order {number}")
+    return number

@@ -22,7 +22,7 @@ def create_tables(apps: Any, schema_editor: Any) -> None:
 
 
 def drop_tables(apps: Any, schema_editor: Any) -> None:
-    for suffix in ("_done", "_workers", "_schema", ""):
+    for suffix in ("_finished", "_done", "_workers", "_schema", ""):
         schema_editor.execute(f"DROP TABLE IF EXISTS {TABLE}{suffix}", params=None)
 
 

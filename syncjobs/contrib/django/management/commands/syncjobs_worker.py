@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO, cast
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
-from django.utils import autoreload
 
 from syncjobs.cli import logs, worker
 from syncjobs.cli.target import CommandError as SyncJobsCommandError
-from syncjobs.contrib.django import worker_queues
+from syncjobs.cli.worker import StopRequest
+from syncjobs.contrib.django import reloading, worker_queues
 
 
 class Command(BaseCommand):
@@ -27,7 +28,9 @@ class Command(BaseCommand):
         worker.add_arguments(parser)
         logs.add_arguments(parser)
         parser.add_argument(
-            "--reload", action="store_true", help="with DEBUG on, restart when the code changes (development only)"
+            "--reload",
+            action="store_true",
+            help="with DEBUG on, restart when the code changes, after the grace (development only)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -35,21 +38,28 @@ class Command(BaseCommand):
         undo = logs.configure(options["log_level"], options["log_format"], logger=logging.getLogger("syncjobs"))
         try:
             if options["reload"] and settings.DEBUG:
-                autoreload.run_with_reloader(self._serve, options)
-                return
-            code = self._serve(options)
+                code = reloading.run(lambda on_ready: self._serve(options, on_ready))
+            else:
+                code = self._serve(options)
         finally:
             undo()
         if code:
             sys.exit(code)
 
-    def _serve(self, options: dict[str, Any]) -> int:
+    def _serve(self, options: dict[str, Any], on_ready: Callable[[StopRequest], None] | None = None) -> int:
         # Connections opened at startup (checks, settings) are not the workers'.
         connections.close_all()
         try:
             queues = worker_queues(options["queues"], workers=options["workers"], grace=options["grace"])
             return worker.serve(
-                queues, max_jobs=options["max_jobs"], burst=options["burst"], out=cast("TextIO", self.stdout)
+                queues,
+                max_jobs=options["max_jobs"],
+                burst=options["burst"],
+                out=cast("TextIO", self.stdout),
+                # A worker process and nothing else: a job that ignores its
+                # cancel token does not keep it alive after the stop.
+                exit_if_stuck=True,
+                on_ready=on_ready,
             )
         except SyncJobsCommandError as exc:
             raise CommandError(str(exc)) from exc

@@ -1,0 +1,198 @@
+"""What the Django and Flask integrations both do with their queues.
+
+- :class:`JobSetup`: the job classes, run wrappers and dead-letter callbacks
+  an integration keeps, applied to every queue it builds, whenever it builds
+  it (in a forked child, for a worker command, for a queue named only at
+  dispatch), and to the queues already built when one is added later.
+- :class:`ProcessQueues`: queues by name, built on first use in each
+  process (a forked child, under a pre-forking server, builds its own: the
+  parent's connections and threads are not its), whose embedded workers start
+  lazily and stop with their grace when the interpreter exits.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable
+
+from ..dead_letters import DeadLetterCallback
+from ..envelope import DeadLetter
+from ..exit_hooks import before_threads_join
+from ..job import Job
+from ..queue import StoreQueue, shutdown_in_turn
+from ..worker import RunWrapper
+
+
+class JobSetup:
+    """What every queue of an integration runs: job classes, inside run wrappers, with dead-letter callbacks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._job_classes: list[type[Job]] = []
+        self._wrappers: list[RunWrapper] = []
+        self._callbacks: list[DeadLetterCallback] = []
+        #: Each queue applied to, with what its runs and callbacks happen inside.
+        self._queues: weakref.WeakKeyDictionary[StoreQueue, RunWrapper] = weakref.WeakKeyDictionary()
+
+    def register(self, job_cls: type[Job]) -> None:
+        with self._lock:
+            if job_cls in self._job_classes:
+                return
+            self._job_classes.append(job_cls)
+            queues = list(self._queues)
+        for queue in queues:
+            queue.register(job_cls)
+
+    def wrap_runs(self, wrapper: RunWrapper) -> None:
+        with self._lock:
+            self._wrappers.append(wrapper)
+            queues = list(self._queues)
+        for queue in queues:
+            queue.wrap_runs(wrapper)
+
+    def on_dead_letter(self, callback: DeadLetterCallback) -> None:
+        if not callable(callback):
+            raise TypeError(f"on_dead_letter() takes a callable, got {callback!r}")
+        with self._lock:
+            self._callbacks.append(callback)
+            queues = list(self._queues.items())
+        for queue, around in queues:
+            queue.on_dead_letter(_inside(around, callback))
+
+    def apply(self, queue: StoreQueue, around: RunWrapper) -> StoreQueue:
+        """Give ``queue`` everything registered so far, and what is registered from now on.
+
+        Its runs and dead-letter callbacks happen inside ``around()`` (a Flask
+        app context, Django's connection housekeeping), the outermost wrapper.
+        """
+        with self._lock:
+            self._queues[queue] = around
+            job_classes, wrappers, callbacks = list(self._job_classes), list(self._wrappers), list(self._callbacks)
+        for job_cls in job_classes:
+            queue.register(job_cls)
+        queue.wrap_runs(around)
+        for wrapper in wrappers:
+            queue.wrap_runs(wrapper)
+        for callback in callbacks:
+            queue.on_dead_letter(_inside(around, callback))
+        return queue
+
+
+def _inside(around: RunWrapper, callback: DeadLetterCallback) -> DeadLetterCallback:
+    @functools.wraps(callback)
+    def call(dead: DeadLetter) -> object:
+        with around():
+            return callback(dead)
+
+    return call
+
+
+class ProcessQueues:
+    """An integration's queues in this process, by name: ``build(name)`` makes one on first use."""
+
+    def __init__(self, build: Callable[[str], StoreQueue]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self._pid = os.getpid()  # whose queues these are
+        self._queues: dict[str, StoreQueue] = {}
+        #: Names whose workers run (or are starting) in this process.
+        self._started: set[str] = set()
+        #: The pid of the process that registered the exit hook.
+        self._hooked = 0
+        #: Set by the exit hook: no worker starts any more.
+        self._exiting = False
+
+    def get(self, name: str) -> StoreQueue:
+        with self._lock:
+            self._forget_parent()
+            queue = self._queues.get(name)
+            if queue is None:
+                queue = self._queues[name] = self._build(name)
+            return queue
+
+    def start(self, names: Iterable[str]) -> None:
+        """Run the workers of the queues ``names`` in this process: each once, after any fork.
+
+        Never once the interpreter exits: workers started then could not be
+        stopped (and Python 3.12+ refuses their threads anyway). A job
+        dispatched then stays queued. A start that fails leaves those queues
+        stopped, to be tried again by the next call.
+        """
+        with self._lock:
+            self._forget_parent()
+            if self._exiting:
+                return
+            wanted = [name for name in dict.fromkeys(names) if name not in self._started]
+            self._started.update(wanted)
+        if not wanted:
+            return
+        started: list[StoreQueue] = []
+        try:
+            # Built before the exit hook is registered: an in-memory queue
+            # registers its own (no grace) when the first is built, and exit
+            # hooks run last-registered first, so ours, with the grace, must come later.
+            queues = [self.get(name) for name in wanted]
+            with self._lock:
+                if self._hooked != os.getpid():
+                    if not before_threads_join(self._at_exit):
+                        self._started.difference_update(wanted)
+                        return  # the interpreter is exiting already
+                    self._hooked = os.getpid()
+            for queue in queues:
+                # Under the lock the exit hook sets _exiting under: a start
+                # either comes before its stop, or does not happen.
+                with self._lock:
+                    if self._exit_began():
+                        return
+                    queue.start()
+                started.append(queue)
+        except BaseException:
+            shutdown_in_turn(started)  # a queue whose start failed has stopped itself
+            with self._lock:
+                self._started.difference_update(wanted)
+            raise
+
+    def shutdown(self) -> None:
+        """Stop this process's workers, each queue with its grace; a later ``start()`` starts them again.
+
+        The queues stay: jobs dispatched meanwhile (by a job running in the
+        grace, say) are still in them, not in new ones nobody runs.
+        """
+        with self._lock:
+            queues = list(self._queues.values())
+        shutdown_in_turn(queues)
+        with self._lock:
+            self._started.clear()
+
+    def forget(self) -> list[StoreQueue]:
+        """Drop every queue (settings changed); returns them, for the caller to shut down."""
+        with self._lock:
+            queues = list(self._queues.values())
+            self._queues.clear()
+            self._started.clear()
+        return queues
+
+    def _exit_began(self) -> bool:
+        # A call, not the attribute inline: the exit hook sets it from another
+        # thread, after start() has read it once.
+        return self._exiting
+
+    def _at_exit(self) -> None:
+        with self._lock:
+            # A forked child inherits its parent's hook (not its workers); a
+            # child that started workers has its own, and a second shutdown is harmless.
+            if self._hooked != os.getpid():
+                return
+            self._exiting = True
+        self.shutdown()
+
+    def _forget_parent(self) -> None:
+        # Queues (and their connections) built before a fork belong to the
+        # parent: the child builds its own. Called under the lock.
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._queues = {}
+            self._started = set()

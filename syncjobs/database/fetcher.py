@@ -1,0 +1,522 @@
+"""The fetcher: claims rows for this process's workers, hands them over, and recovers expired leases.
+
+One fetcher thread claims up to one row per idle worker plus ``prefetch``
+rows ahead, in one statement or transaction, and puts them on a local queue
+that the workers take from. Claimed rows are ``claimed``; a worker takes one
+without waiting, and if its outcome is not written ``mark_after`` seconds
+later (a run still going, or a write late or failing) the fetcher marks its
+row ``running`` (with the claim that refills the buffer if one is due: on
+PostgreSQL in the same statement, elsewhere in the same transaction). A run
+written back sooner is never marked: most jobs cost no write between their
+claim and their outcome. Lease recovery spends an attempt only
+for ``running`` rows, so a killed process's buffer costs its jobs nothing. A
+``claimed`` row it puts back is flagged, and its next claim makes it
+``running`` at once: a job that kills its worker before its mark was written
+spends its attempt on its next run at the latest, so a job that always kills
+its worker still ends as a dead letter.
+
+A row that cannot be decoded, whatever its columns hold, becomes a dead
+letter with the reason, in the claim and in lease recovery alike: one bad row
+never stops the queue.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import json
+import logging
+import math
+import queue as stdqueue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar
+
+from ..envelope import Envelope
+from .dialect import Dialect
+from .mysql import MYSQL
+from .postgres import POSTGRES
+
+logger = logging.getLogger("syncjobs.database")
+
+T = TypeVar("T")
+
+#: After a dispatch inside a caller's transaction, the fetcher looks again
+#: this soon, then twice as late each time, up to ``poll_interval``: the wake
+#: at dispatch came before the caller's commit, and no driver says when that is.
+SOON_FIRST = 0.01
+
+#: A run is marked ``running`` in the table if its outcome is not written
+#: this long after it was taken (at most a tenth of the lease): the many jobs
+#: that end sooner cost no write for it, and a run killed sooner is counted on
+#: its next run instead (see above).
+MARK_AFTER = 0.1
+
+
+class Runner(Protocol):
+    def run(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T: ...
+
+    def transaction(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T: ...
+
+
+class Undecodable(Exception):
+    """A row whose columns cannot make an envelope; the message says why."""
+
+
+class _Wake:
+    """Put on the local queue to wake one blocked worker."""
+
+
+_WAKE = _Wake()
+
+
+def decode_row(row: Sequence[Any], token: str | None, carry: dict[str, contextvars.ContextVar[Any]]) -> Envelope:
+    """An envelope of ``(id, name, payload, context, attempt, max_attempts)``; else :class:`Undecodable`."""
+    job_id, name, payload, context, attempt, max_attempts = row[:6]
+    _check_text(name, "name")
+    _check_text(payload, "payload")
+    return Envelope(
+        str(job_id),
+        name,
+        payload,
+        _count(max_attempts, "max_attempts"),
+        _count(attempt, "attempt"),
+        _context(context, carry),
+        lease=token,
+    )
+
+
+def _check_text(value: Any, column: str) -> None:
+    if not isinstance(value, str):
+        raise Undecodable(f"its {column} is not text (a {type(value).__name__})")
+    if not value.isascii():  # ASCII is UTF-8; most payloads are, and the check costs no copy
+        _check_utf8(value, column)
+
+
+def _check_utf8(value: str, column: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Undecodable(f"its {column} is not valid UTF-8 ({exc.reason} at {exc.start})") from None
+
+
+def _count(value: Any, column: str) -> int:
+    if type(value) is int and -(2**31) <= value <= 2**31:
+        return value
+    # SQLite keeps whatever was written, whatever the column's type.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or abs(value) > 2**31:
+        raise Undecodable(f"its {column} is not a number: {str(value)[:40]!r}")
+    return int(value)
+
+
+def _context(carried: Any, carry: dict[str, contextvars.ContextVar[Any]]) -> contextvars.Context:
+    context = contextvars.Context()
+    if carried is None or carried == "":
+        return context
+    if not isinstance(carried, str):
+        raise Undecodable(f"its carried context is not text (a {type(carried).__name__})")
+    _check_utf8(carried, "carried context")
+    # Running without the variables the dispatcher carried (a tenant, a
+    # user) could act for the wrong one: a context that does not decode is
+    # a reason not to run at all.
+    try:
+        values = json.loads(carried)
+    except RecursionError:
+        raise Undecodable("its carried context is nested too deeply to decode") from None
+    except ValueError as exc:
+        raise Undecodable(f"its carried context is not JSON: {exc}") from None
+    if not isinstance(values, dict):
+        raise Undecodable(f"its carried context is not a JSON object (a {type(values).__name__})")
+    for name, value in values.items():
+        var = carry.get(name)
+        if var is not None:
+            context.run(var.set, value)
+    return context
+
+
+def salvage(row: Sequence[Any], token: str | None) -> Envelope:
+    """What can be read of an undecodable row, for its dead letter: no context, counts that are numbers."""
+    job_id, name, payload, _context_text, attempt, max_attempts = row[:6]
+
+    def text(value: Any) -> str:
+        return str(value).encode("utf-8", "replace").decode("utf-8")
+
+    def count(value: Any, default: int) -> int:
+        try:
+            return _count(value, "")
+        except Undecodable:
+            return default
+
+    return Envelope(
+        str(job_id),
+        text(name),
+        text(payload),
+        count(max_attempts, 1),
+        count(attempt, 0),
+        contextvars.Context(),
+        lease=token,
+    )
+
+
+class Fetcher:
+    """Claims rows of one queue for the workers of this process and hands them over."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        sql: dict[str, str],
+        dialect: Dialect,
+        *,
+        queue: str,
+        owner: str,
+        lease: float,
+        poll_interval: float,
+        prefetch: int,
+        carry: dict[str, contextvars.ContextVar[Any]],
+        on_dead: Callable[[Envelope, str], None],
+        hold: Callable[[Sequence[Envelope]], None] = lambda envelopes: None,
+    ) -> None:
+        self._runner = runner
+        self._sql = sql
+        self._dialect = dialect
+        self.queue = queue
+        self.owner = owner
+        self.lease = lease
+        self.poll_interval = poll_interval
+        #: Rows claimed ahead of the workers that wait for them.
+        self.prefetch = prefetch
+        self._carry = carry
+        self._on_dead = on_dead
+        #: Called with each claimed batch before a worker can take it: its lease is renewed from then on.
+        self._hold = hold
+        self._ready: stdqueue.SimpleQueue[Envelope | _Wake] = stdqueue.SimpleQueue()
+        # Workers waiting in take() and envelopes buffered for them: the
+        # fetcher claims the difference, so it never hoards rows.
+        self._want = threading.Condition()
+        self._waiting = 0
+        self._buffered = 0
+        # Envelopes handed to a worker and not yet finished or given back,
+        # and claims between their commit and the local queue.
+        self._inflight = 0
+        self._claiming = 0
+        self._claims_begun = 0
+        #: Ids of buffered rows claimed ahead, still 'claimed' in the table.
+        self._unstarted: set[str] = set()
+        #: Envelopes taken from the buffer whose rows are still 'claimed', with when their runs
+        #: began: the fetcher marks those not settled ``mark_after`` seconds later. A run whose
+        #: outcome is written sooner is never marked; one whose write is late or failing is, so
+        #: that its row, if it comes back by its lease, comes back with its run spent.
+        self._to_mark: dict[str, tuple[Envelope, float]] = {}
+        self.mark_after = min(MARK_AFTER, lease / 10)
+        self._kick = threading.Event()
+        self._soon_step = 0.0
+
+    # -- the workers' side ---------------------------------------------------
+
+    def take(self) -> Envelope | None:
+        """The next claimed envelope for a worker; None when woken."""
+        with self._want:
+            self._waiting += 1
+            self._want.notify_all()
+        item = self._ready.get()
+        with self._want:
+            self._waiting -= 1
+            if isinstance(item, _Wake):
+                return None
+            self._buffered -= 1
+            self._inflight += 1
+            if item.id in self._unstarted:
+                self._unstarted.discard(item.id)
+                self._to_mark[item.id] = (item, time.monotonic())
+                if len(self._to_mark) == 1:  # the loop may be waiting with no mark due
+                    self._want.notify_all()
+        return item
+
+    def settled(self, envelopes: Sequence[Envelope]) -> None:
+        """These taken envelopes' outcomes were written or given up."""
+        with self._want:
+            self._inflight -= len(envelopes)
+            for envelope in envelopes:
+                self._to_mark.pop(envelope.id, None)
+
+    def wake(self, count: int) -> None:
+        for _ in range(count):
+            self._ready.put(_WAKE)
+
+    def kick(self) -> None:
+        """New rows may be ready: claim now."""
+        self._kick.set()
+
+    def kick_soon(self) -> None:
+        """Rows were inserted in a transaction not yet committed: look again soon, and a few times more."""
+        self._soon_step = SOON_FIRST
+        self._kick.set()
+
+    def idle_mark(self) -> int | None:
+        """None while anything is claimed here; else a number that changes with every claim begun."""
+        with self._want:
+            busy = self._inflight or self._buffered or self._claiming
+            return None if busy else self._claims_begun
+
+    def stop(self) -> None:
+        """Wake the loop so that it sees its stop event."""
+        self._kick.set()
+        with self._want:
+            self._want.notify_all()
+
+    def unclaimed(self) -> list[Envelope]:
+        """The envelopes no worker took (after the loop stopped): the caller gives them back."""
+        left: list[Envelope] = []
+        while True:
+            try:
+                item = self._ready.get_nowait()
+            except stdqueue.Empty:
+                break
+            if isinstance(item, Envelope):
+                left.append(item)
+        with self._want:
+            self._buffered = 0
+            self._unstarted.clear()
+            self._to_mark = {}
+        return left
+
+    # -- the loop --------------------------------------------------------------
+
+    def loop(self, stop: threading.Event) -> None:
+        next_recovery = 0.0
+        recovery_interval = min(self.lease / 2, 5.0)
+        while not stop.is_set():
+            with self._want:
+                # Also wake for lease recovery: the rows of a dead worker must
+                # come back even while every worker here is busy.
+                while (
+                    not stop.is_set()
+                    and self._waiting + self.prefetch - self._buffered <= 0
+                    and time.monotonic() < min(next_recovery, self._next_mark())
+                ):
+                    self._want.wait(max(0.0, min(next_recovery, self._next_mark()) - time.monotonic()))
+                want = self._waiting + self.prefetch - self._buffered
+                to_mark = self._due_marks()
+            if stop.is_set():
+                return
+            try:
+                if time.monotonic() >= next_recovery:
+                    self.recover_expired()
+                    next_recovery = time.monotonic() + recovery_interval
+                if want <= 0:
+                    if to_mark:
+                        self._runner.run(functools.partial(self._mark_rows, batch=to_mark), deadline=self.lease)
+                    continue
+                with self._want:
+                    self._claiming += 1
+                    self._claims_begun += 1
+                try:
+                    claimed = self.claim_batch(want, to_mark)
+                except BaseException:
+                    with self._want:
+                        self._claiming -= 1
+                    raise
+            except Exception:
+                if stop.is_set():  # closing: its connections may be gone already
+                    return
+                with self._want:  # marked with the next pass
+                    self._to_mark.update({e.id: (e, 0.0) for e in to_mark})
+                logger.exception("claiming jobs from the %s database failed; trying again", self._dialect.name)
+                stop.wait(self.poll_interval)
+                continue
+            with self._want:
+                self._claiming -= 1
+                self._buffered += len(claimed)
+            if claimed:
+                self._hold(claimed)
+                for envelope in claimed:
+                    self._ready.put(envelope)
+                continue
+            look = self._next_look()
+            with self._want:
+                look = min(look, max(0.0, self._next_mark() - time.monotonic()))
+            self._kick.wait(look)
+            self._kick.clear()
+
+    def _next_mark(self) -> float:
+        """When the oldest unmarked run is due to be marked (``inf`` if none); under ``_want``."""
+        if not self._to_mark:
+            return math.inf
+        return min(began for _, began in self._to_mark.values()) + self.mark_after
+
+    def _due_marks(self) -> list[Envelope]:
+        """Take the runs that have lasted ``mark_after`` seconds off ``_to_mark``; under ``_want``."""
+        due = time.monotonic() - self.mark_after
+        taken = [envelope for envelope, began in self._to_mark.values() if began <= due]
+        for envelope in taken:
+            del self._to_mark[envelope.id]
+        return taken
+
+    def _next_look(self) -> float:
+        wait = self._idle_wait()
+        step = self._soon_step
+        if step:
+            self._soon_step = step * 2 if step * 2 < self.poll_interval else 0.0
+            wait = min(wait, step)
+        return wait
+
+    def _idle_wait(self) -> float:
+        """Until the next parked row is due, at most ``poll_interval``."""
+
+        def next_due(cursor: Any) -> float | None:
+            cursor.execute(self._sql["NEXT_DUE"], (self.queue,))
+            row = cursor.fetchone()
+            return None if row is None or row[0] is None else float(row[0])
+
+        try:
+            due = self._runner.run(next_due, deadline=self.poll_interval)
+        except Exception:  # noqa: BLE001 - only a hint; the poll interval bounds the wait anyway
+            return self.poll_interval
+        return self.poll_interval if due is None else max(0.0, min(due, self.poll_interval))
+
+    # -- claims -----------------------------------------------------------------
+
+    def claim_batch(self, want: int, to_mark: Sequence[Envelope] = ()) -> list[Envelope]:
+        """Mark the rows of ``to_mark`` running, and claim up to ``want`` rows, in one statement or transaction."""
+        token = str(uuid.uuid4())
+        claim_params = ("claimed", self.owner, token, self.lease, self.queue, want)
+
+        def mark_and_claim_returning(cursor: Any) -> list[tuple[Any, ...]]:
+            if to_mark and self._dialect is POSTGRES:
+                ids, tokens = [e.id for e in to_mark], sorted({e.lease for e in to_mark if e.lease})
+                cursor.execute(self._sql["MARK_AND_CLAIM"], (ids, tokens, *claim_params))
+            else:
+                self._mark_rows(cursor, to_mark)
+                cursor.execute(self._sql["CLAIM_RETURNING"], claim_params)
+            return list(cursor.fetchall())
+
+        def mark_and_claim(cursor: Any) -> list[tuple[Any, ...]]:
+            self._mark_rows(cursor, to_mark)
+            cursor.execute(self._sql["SELECT_READY"], (self.queue, want))
+            rows = list(cursor.fetchall())
+            if rows:
+                marks = ", ".join([self._dialect.placeholder] * len(rows))
+                cursor.execute(
+                    self._sql["MARK_CLAIMED"].replace("{ids}", marks),
+                    ("claimed", self.owner, token, self.lease, *(row[0] for row in rows)),
+                )
+            return rows
+
+        if not self._dialect.returning:
+            rows = self._runner.transaction(mark_and_claim)
+        elif to_mark and self._dialect is not POSTGRES:
+            rows = self._runner.transaction(mark_and_claim_returning)
+        else:
+            rows = self._runner.run(mark_and_claim_returning)
+        envelopes: list[Envelope] = []
+        for row in rows:
+            try:
+                envelope = decode_row(row, token, self._carry)
+            except Undecodable as exc:
+                self._poison(row, token, str(exc))
+                continue
+            envelopes.append(envelope)
+        with self._want:
+            self._unstarted.update(envelope.id for envelope in envelopes)
+        return envelopes
+
+    def _poison(self, row: Sequence[Any], token: str, reason: str) -> None:
+        envelope = salvage(row, token)
+        error = f"this row cannot be run: {reason}"
+
+        def write(cursor: Any) -> int:
+            cursor.execute(self._sql["POISON"], (envelope.attempt, envelope.max_attempts, error, envelope.id, token))
+            return int(cursor.rowcount)
+
+        try:
+            written = self._runner.run(write, deadline=self.lease)
+        except Exception:
+            logger.exception(
+                "job %s: could not make its undecodable row a dead letter; lease recovery will", envelope.id
+            )
+            return
+        if written:
+            self._dead(envelope, error)
+
+    def _dead(self, envelope: Envelope, error: str) -> None:
+        try:
+            self._on_dead(envelope, error)
+        except Exception:
+            logger.exception("job %s (%s): a dead-letter handler failed", envelope.name, envelope.id)
+
+    def _mark_rows(self, cursor: Any, batch: Sequence[Envelope]) -> None:
+        """Mark the rows of envelopes taken from the buffer 'running' (the claim token fences it)."""
+        by_lease: dict[str | None, list[str]] = {}
+        for envelope in batch:
+            by_lease.setdefault(envelope.lease, []).append(envelope.id)
+        for lease, ids in by_lease.items():
+            if self._dialect is MYSQL:
+                cursor.execute(self._ids("MARK_SELECT", len(ids)), (lease, *ids))
+                ids = [str(row[0]) for row in cursor.fetchall()]  # noqa: PLW2901 - only those
+                if not ids:
+                    continue
+            cursor.execute(self._ids("MARK_STARTED", len(ids)), (lease, *ids))
+
+    def _ids(self, query: str, count: int) -> str:
+        return self._sql[query].replace("{ids}", ", ".join([self._dialect.placeholder] * count))
+
+    # -- lease recovery ----------------------------------------------------------
+
+    def recover_expired(self) -> None:
+        """Rows whose worker died: back to the queue (a run spent only if it started), or dead if it was the last."""
+
+        def housekeeping(cursor: Any) -> None:
+            # For stats: dead workers' rows, and done counts older than an hour;
+            # and tombstones older than any dispatch retries.
+            # Autocommitted, each on its own, so that they hold no lock across others.
+            cursor.execute(self._sql["WORKERS_PRUNE"])
+            cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - 3600))
+            cursor.execute(self._sql["FINISHED_PRUNE"], (3600.0,))
+
+        def recover(cursor: Any) -> list[tuple[Envelope, str | None]]:
+            cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))
+            outcomes: list[tuple[Envelope, str | None]] = []
+            for row in cursor.fetchall():
+                started = row[6] == "running"
+                try:
+                    envelope = decode_row(row, None, self._carry)
+                except Undecodable as exc:
+                    envelope = salvage(row, None)
+                    error = f"this row cannot be run: {exc}"
+                    cursor.execute(
+                        self._sql["POISON_EXPIRED"], (envelope.attempt, envelope.max_attempts, error, envelope.id)
+                    )
+                    outcomes.append((envelope, error))
+                    continue
+                if not started:
+                    # Claimed ahead and not known to have started: no run spent.
+                    cursor.execute(self._sql["REQUEUE_UNSTARTED"], (envelope.id,))
+                    continue
+                envelope.attempt += 1
+                if envelope.attempt >= envelope.max_attempts:
+                    error = (
+                        f"lease expired on its last attempt ({envelope.attempt} of {envelope.max_attempts}): "
+                        "its worker died or stalled"
+                    )
+                    cursor.execute(self._sql["DEAD_EXPIRED"], (envelope.attempt, error, envelope.id))
+                    outcomes.append((envelope, error))
+                else:
+                    cursor.execute(self._sql["REQUEUE_EXPIRED"], (envelope.attempt, envelope.id))
+                    outcomes.append((envelope, None))
+            return outcomes
+
+        self._runner.run(housekeeping)
+        for envelope, error in self._runner.transaction(recover):
+            if error is None:
+                logger.warning(
+                    "job %s (%s): lease expired, claimed again (run %d of %d spent)",
+                    envelope.name,
+                    envelope.id,
+                    envelope.attempt,
+                    envelope.max_attempts,
+                    extra={"job_name": envelope.name, "job_id": envelope.id},
+                )
+            else:
+                self._dead(envelope, error)

@@ -1,0 +1,87 @@
+"""The protocols between the parts: what a queue offers, what the worker loop and a queue need of a store."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+
+from typing_extensions import Self
+
+from .dead_letters import DeadLetterCallback
+from .envelope import Envelope
+
+if TYPE_CHECKING:
+    from .job import Job
+
+J = TypeVar("J", bound="type[Job]")
+C = TypeVar("C", bound=DeadLetterCallback)
+
+Delay = float | datetime.timedelta | None
+
+
+class Store(Protocol):
+    """Where envelopes wait. The worker loop calls nothing else."""
+
+    def claim(self, stopping: threading.Event) -> Envelope | None:
+        """Block until an envelope is ready; ``None`` when woken by :meth:`wake`."""
+
+    def complete(self, envelope: Envelope) -> None:
+        """The run succeeded: the job is finished."""
+
+    def park(self, envelope: Envelope, due: float) -> None:
+        """Hold the envelope (its ``attempt`` already advanced) until the clock reads ``due``."""
+
+    def dead(self, envelope: Envelope, error: str) -> None:
+        """The job is finished as a dead letter."""
+
+    def release(self, envelope: Envelope) -> None:
+        """Put a claimed envelope back to be claimed again, with its ``attempt`` as set."""
+
+    def wake(self, count: int) -> None:
+        """Wake up to ``count`` workers blocked in :meth:`claim`."""
+
+
+@runtime_checkable
+class JobQueue(Protocol):
+    """What every syncjobs backend offers; see the README for each method's contract."""
+
+    def register(self, job_cls: J) -> J: ...
+
+    def dispatch(self, job: Job, *, delay: Delay = None) -> str: ...
+
+    def start(self) -> None: ...
+
+    def shutdown(self, grace: float | None = None) -> None: ...
+
+    def pending_count(self) -> int: ...
+
+    def join(self, timeout: float | None = None) -> bool: ...
+
+    def on_dead_letter(self, callback: C) -> C: ...
+
+    def __enter__(self) -> Self: ...
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None: ...
+
+
+class QueueStore(Store, Protocol):
+    """A store as a queue drives it: the worker loop's calls plus intake and lifecycle."""
+
+    def put(self, envelope: Envelope, delay: float) -> None: ...
+
+    def pending(self) -> int: ...
+
+    def drained(self) -> bool: ...
+
+    def wait_finished(self, timeout: float) -> None: ...
+
+    def wait_empty(self, timeout: float | None) -> bool: ...
+
+    def open(self) -> None: ...
+
+    def close(self, deadline: float | None = None) -> None:
+        """Stop, writing what is left until the monotonic ``deadline``, if any."""
