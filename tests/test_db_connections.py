@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import calendar
+import concurrent.futures
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -459,6 +461,62 @@ def test_mysql_clock_is_utc_epoch_through_a_daylight_saving_change(berlin_mariad
             assert connections.run(clock) == instant
     finally:
         connections.close()
+
+
+# -- contention is not an outage ---------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("server_url", ["postgresql"], indirect=True)
+def test_a_deadlock_is_tried_again_on_the_same_connection_and_not_taken_for_an_outage(
+    server_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    table = f"deadlock_{uuid.uuid4().hex[:10]}"
+    query(server_url, f"CREATE TABLE {table} (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+    other = Connector(server_url).connect()
+    connections = Connections(Connector(server_url))
+    backends: list[int] = []
+    executor = concurrent.futures.ThreadPoolExecutor(1)
+
+    def operation(cursor: Any) -> int:
+        cursor.execute("SELECT pg_backend_pid()")
+        backends.append(int(cursor.fetchone()[0]))
+        cursor.execute(f"UPDATE {table} SET n = n + 1 WHERE id = 2")
+        cursor.execute(f"UPDATE {table} SET n = n + 1 WHERE id = 1")
+        return len(backends)
+
+    def waiting_for_a_lock() -> bool:
+        if not backends:
+            return False
+        found = query(server_url, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (backends[0],))
+        return bool(found) and found[0][0] == "Lock"
+
+    try:
+        query(server_url, f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
+        cursor = other.cursor()
+        cursor.execute("BEGIN")
+        cursor.execute(f"UPDATE {table} SET n = n + 10 WHERE id = 1")
+        with caplog.at_level(logging.DEBUG, logger="syncjobs"):
+            future = executor.submit(connections.transaction, operation, timeout=30)
+            wait_until(waiting_for_a_lock, what="the operation waiting for the other transaction's row")
+            # This closes the cycle. The operation began waiting first, so its
+            # deadlock check (after deadlock_timeout) fires first: it is the one rolled back.
+            cursor.execute(f"UPDATE {table} SET n = n + 10 WHERE id = 2")
+            cursor.execute("COMMIT")
+            result = future.result(WAIT)
+        assert result == 2
+        assert backends[0] == backends[1], "the deadlock closed the connection"
+        assert sorted(query(server_url, f"SELECT id, n FROM {table}")) == [(1, 11), (2, 11)]
+        complaints = [
+            r.getMessage() for r in caplog.records if r.name.startswith("syncjobs") and r.levelno >= logging.WARNING
+        ]
+        assert complaints == []
+        assert any("was busy" in r.getMessage() for r in caplog.records)
+    finally:
+        other.close()
+        executor.shutdown()
+        connections.close()
+        query(server_url, f"DROP TABLE IF EXISTS {table}")
 
 
 # -- item 14: PostgreSQL's identifier limit and the NOTIFY channel ---------------------------

@@ -56,9 +56,17 @@ def notify_channel(table: str, queue: str) -> str:
     return f"syncjobs_{digest}"
 
 
+# Contention, by SQLSTATE rather than by exception class: psycopg 3.3's
+# DeadlockDetected and SerializationFailure derive from OperationalError, not
+# TransactionRollback, and would pass for a lost connection. Class 40 is a
+# rolled-back transaction (serialization failure, deadlock) but for 40003,
+# whose statement's outcome is unknown; 55P03 is a lock not available.
+_CONTENTION_SQLSTATES = frozenset({"40000", "40001", "40002", "40P01", "55P03"})
+
+
 def _is_contention(driver: Any, exc: BaseException) -> bool:
-    errors = driver.errors
-    return isinstance(exc, (errors.TransactionRollback, errors.LockNotAvailable))
+    sqlstate = getattr(exc, "sqlstate", None)
+    return sqlstate in _CONTENTION_SQLSTATES
 
 
 def _is_connection_error(driver: Any, exc: BaseException) -> bool:
