@@ -18,11 +18,13 @@ import argparse
 import concurrent.futures
 import contextvars
 import dataclasses
+import gc
 import json
 import queue
 import statistics
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 
 import syncjobs
@@ -123,6 +125,39 @@ def dispatch_cost_us(calls: int) -> float:
     return statistics.median(samples) / 1000
 
 
+def bytes_per_pending_job(jobs: int) -> tuple[float, float]:
+    """Memory held per job queued and not yet run: syncjobs, and (b)'s tuple on a ``queue.Queue``."""
+
+    def ours() -> object:
+        queue_ = syncjobs.InMemoryJobQueue(workers=0)
+        queue_.register(Noop)
+        job = Noop(**PAYLOAD)  # type: ignore[arg-type]
+        for _ in range(jobs):
+            queue_.dispatch(job)
+        return queue_
+
+    def plain() -> object:
+        work: queue.Queue[tuple[contextvars.Context, str]] = queue.Queue()
+        for _ in range(jobs):
+            work.put((contextvars.copy_context(), json.dumps(PAYLOAD)))
+        return work
+
+    def measure(fill: Callable[[], object]) -> float:
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            kept = fill()
+            gc.collect()
+            used = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        del kept
+        return used / jobs
+
+    return measure(ours), measure(plain)
+
+
 def pickup_latency_ms(jobs: int = 200, rate: float = 100.0) -> tuple[float, float]:
     """p50 and p99 from dispatch() to the start of run(), at ``rate`` jobs a second."""
     latencies: list[float] = []
@@ -170,6 +205,7 @@ def main() -> None:
     ours, executor, plain = median_rates([run_syncjobs, run_executor, run_plain_threads], args.jobs, args.repeat)
     dispatch = dispatch_cost_us(args.jobs)
     p50, p99 = pickup_latency_ms()
+    pending, pending_plain = bytes_per_pending_job(50_000)
 
     print(f"{args.jobs} no-op jobs, {WORKERS} workers, median of {args.repeat} runs")
     print(f"  syncjobs InMemoryJobQueue      {ours:>9,.0f} jobs/s")
@@ -179,6 +215,10 @@ def main() -> None:
     print(f"  (b) 4 threads on a queue.Queue {plain:>9,.0f} jobs/s   syncjobs is {ours / plain:.2f}x (goal >= 0.6x)")
     print(f"  dispatch() median              {dispatch:>9.2f} us       (goal < 10 us)")
     print(f"  pickup latency, 200 jobs at 100/s: p50 {p50:.3f} ms, p99 {p99:.3f} ms (goal p50 < 0.3 ms)")
+    print(
+        f"  memory per pending job         {pending:>9.0f} B        (b)'s tuple on a queue.Queue: "
+        f"{pending_plain:.0f} B (goal <= 300 B)"
+    )
 
 
 if __name__ == "__main__":

@@ -55,6 +55,32 @@ current_run: contextvars.ContextVar[RunInfo | None] = contextvars.ContextVar("sy
 _current = current_run
 
 
+_MISSING = object()
+#: The context the last dispatch carried; the next one reuses it while nothing in it changed.
+_last_carried = contextvars.Context()
+
+
+def carried_context() -> contextvars.Context:
+    """The caller's context, as a dispatched job carries it (never the caller's run).
+
+    Dispatches that see the same variables bound to the same objects share one
+    Context object: a pending job then costs no Context of its own. Sharing is
+    safe because a Context is never entered as it is: each run, and each
+    dead-letter callback, enters a copy of it.
+    """
+    context = contextvars.copy_context()
+    if context.get(_current) is not None:
+        # Dispatched from inside a run: the child job is not that run.
+        context.run(_current.set, None)
+    global _last_carried  # noqa: PLW0603 - a cache; a race between threads only loses a share
+    last = _last_carried
+    # Identity, not ==: equal values may be different objects (and == runs user code).
+    if len(last) == len(context) and all(last.get(var, _MISSING) is value for var, value in context.items()):
+        return last
+    _last_carried = context
+    return context
+
+
 def current_job() -> RunInfo | None:
     """The run this thread is executing, or ``None`` outside a run."""
     return _current.get()

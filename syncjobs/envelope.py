@@ -23,9 +23,6 @@ class Envelope:
     attempt: int = 0
     #: The caller's context at dispatch; each run enters a fresh copy of it.
     context: contextvars.Context = dataclasses.field(default_factory=contextvars.Context)
-    #: ``payload`` already decoded by dispatch's round-trip check, for the
-    #: first run only (it is dropped once taken); ``None`` means decode.
-    decoded: dict[str, Any] | None = None
     #: The lease token of a database claim; every change to the row is fenced on it.
     lease: str | None = None
 

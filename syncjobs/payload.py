@@ -23,8 +23,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 _scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def encode(job: Job) -> tuple[str, dict[str, Any]]:
-    """The job's payload as JSON text and decoded back, or ``QueueError`` naming the job and the field.
+def encode(job: Job) -> str:
+    """The job's payload as JSON text, or ``QueueError`` naming the job and the field.
 
     A payload must survive the round trip unchanged: a tuple that would come
     back a list, or an int key that would come back a string, is refused here
@@ -50,7 +50,8 @@ def encode(job: Job) -> tuple[str, dict[str, Any]]:
         raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
     if end != len(text) or decoded != payload:
         raise QueueError(f"job {job.NAME!r}: payload does not survive a JSON round trip: {describe_problem(payload)}")
-    return text, decoded
+    # The decoded copy is not kept for the first run: it would double a pending job's memory.
+    return text
 
 
 def decode(text: str) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import datetime
 import logging
@@ -14,7 +13,7 @@ from types import TracebackType
 
 from typing_extensions import Self
 
-from .context import current_run
+from .context import carried_context
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import QueueError
@@ -252,12 +251,7 @@ def _check_grace(value: float, what: str) -> float:
 def new_envelope(registry: Registry, job: Job) -> Envelope:
     """Check ``job`` and wrap it for a store; ``QueueError`` naming the job if it cannot be dispatched."""
     job_cls = registry.check_dispatchable(job)
-    payload, decoded = encode(job)
-    context = contextvars.copy_context()
-    if context.get(current_run) is not None:
-        # Dispatched from inside a run: the child job is not that run.
-        context.run(current_run.set, None)
-    return Envelope(new_job_id(), job_cls.NAME, payload, job_cls.MAX_ATTEMPTS, 0, context, decoded)
+    return Envelope(new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context())
 
 
 def delay_seconds(name: str, delay: Delay) -> float:
