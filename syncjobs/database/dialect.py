@@ -118,12 +118,17 @@ class Dialect:
     #: ``set_lock_wait(connection, milliseconds)`` where the driver itself
     #: waits for locks (SQLite's busy handler): set before each operation, from its timeout.
     set_lock_wait: Callable[[Any, int], None] | None = None
+    #: ``now`` read once per statement, for WHERE clauses, where a volatile
+    #: clock would be a filter run on every row rather than an index
+    #: condition (``None``: ``now`` already is).
+    now_once: str | None = None
     #: The top-level modules of DB-API drivers whose connections reach this
     #: database (a caller's ``connection=`` may come from another than ours).
     drivers: tuple[str, ...] = ()
 
     def sql(self, template: str, table: str) -> str:
-        text = template.replace("{table}", table).replace("{now}", self.now).replace("{lock}", self.lock)
+        text = template.replace("{table}", table).replace("{now_once}", self.now_once or self.now)
+        text = text.replace("{now}", self.now).replace("{lock}", self.lock)
         return text.replace("?", self.placeholder) if self.placeholder != "?" else text
 
     def load_driver(self) -> Any:

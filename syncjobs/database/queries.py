@@ -1,7 +1,8 @@
 """Every statement the database store runs, in one place, by name.
 
 ``{table}`` is the validated table name; ``{now}`` the database clock in epoch
-seconds; ``{lock}`` the claim's row-locking clause; ``?`` a bound parameter.
+seconds, ``{now_once}`` the same read once per statement (for WHERE clauses);
+``{lock}`` the claim's row-locking clause; ``?`` a bound parameter.
 """
 
 COLUMNS = "id, name, payload, context, attempt, max_attempts"
@@ -42,12 +43,12 @@ FINISHED_INTO = "INSERT INTO {table}_finished (id, finished_at) VALUES"
 FINISHED_ROW = "(?, {now})"
 FINISHED_ON_CONFLICT = " ON CONFLICT (id) DO NOTHING"
 FINISHED_ON_CONFLICT_MYSQL = " ON DUPLICATE KEY UPDATE id = id"
-FINISHED_PRUNE = "DELETE FROM {table}_finished WHERE finished_at < {now} - ?"
+FINISHED_PRUNE = "DELETE FROM {table}_finished WHERE finished_at < {now_once} - ?"
 
 MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
 
 SELECT_READY = (
-    f"SELECT {COLUMNS} FROM {{table}} WHERE queue = ? AND state = 'queued' AND run_at <= {{now}} "
+    f"SELECT {COLUMNS} FROM {{table}} WHERE queue = ? AND state = 'queued' AND run_at <= {{now_once}} "
     "ORDER BY run_at LIMIT ?{lock}"
 )
 
@@ -62,7 +63,7 @@ MARK_CLAIMED = (
 # keep two claimers off the same rows; SQLite takes its write lock anyway.
 CLAIM_RETURNING = (
     "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ? "
-    "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now} "
+    "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now_once} "
     "ORDER BY run_at LIMIT ?{lock}) "
     f"RETURNING {COLUMNS}"
 )
@@ -83,7 +84,7 @@ MARK_SELECT = (
 )
 
 SELECT_EXPIRED = (
-    f"SELECT {COLUMNS}, state FROM {{table}} WHERE queue = ? AND state IN {LEASED} AND lease_expires < {{now}} "
+    f"SELECT {COLUMNS}, state FROM {{table}} WHERE queue = ? AND state IN {LEASED} AND lease_expires < {{now_once}} "
     "LIMIT ?{lock}"
 )
 
@@ -136,7 +137,7 @@ DEAD = (
 
 NEXT_DUE = "SELECT MIN(run_at) - {now} FROM {table} WHERE queue = ? AND state = 'queued'"
 
-READY = "SELECT COUNT(*) FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now}"
+READY = "SELECT COUNT(*) FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now_once}"
 
 PENDING = "SELECT COUNT(*) FROM {table} WHERE queue = ? AND state IN ('queued', 'running', 'claimed')"
 
@@ -160,7 +161,7 @@ WORKER_UP_MYSQL = (
 WORKER_BEAT = "UPDATE {table}_workers SET heartbeat_at = {now} WHERE id = ?"
 WORKER_DOWN = "DELETE FROM {table}_workers WHERE id = ?"
 # A worker row whose heartbeat is older than its lease belongs to a dead worker.
-WORKERS_PRUNE = "DELETE FROM {table}_workers WHERE heartbeat_at < {now} - lease"
+WORKERS_PRUNE = "DELETE FROM {table}_workers WHERE heartbeat_at < {now_once} - lease"
 
 # Added to by the completer in the transaction that deletes the finished rows.
 # PostgreSQL: COMPLETE_MANY, FINISHED_INTO and COUNT_DONE in one statement,
@@ -213,4 +214,4 @@ RETRY_DEAD_ALL = (
     "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, finished_at = NULL "
     "WHERE state = 'dead'{queue_filter}"
 )
-PURGE_DEAD = "DELETE FROM {table} WHERE state = 'dead' AND finished_at <= {now} - ?{queue_filter}"
+PURGE_DEAD = "DELETE FROM {table} WHERE state = 'dead' AND finished_at <= {now_once} - ?{queue_filter}"
