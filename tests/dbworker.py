@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -245,7 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--grace", type=float, default=5.0)
     parser.add_argument("--ledger-url", help="where the ledger writes (default: URL)")
+    parser.add_argument("--poll-interval", type=float, default=0.2)
+    parser.add_argument("--log-level", help="the library's logs from this level on, on stderr, with their levels")
     args = parser.parse_args(argv)
+    if args.log_level:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+        logging.getLogger("syncjobs").setLevel(args.log_level)
     _Process.ledger = Ledger(args.ledger_url or args.url)
     queue = syncjobs.DatabaseJobQueue(
         args.url,
@@ -254,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         table=args.table,
         lease=args.lease,
         shutdown_grace=args.grace,
-        poll_interval=0.2,
+        poll_interval=args.poll_interval,
     )
     queue.register(LedgerJob)
     queue.register(OnceLedgerJob)
@@ -313,6 +319,10 @@ class Workers:
             proc.wait(timeout=10)  # it closed its stdout: it has exited, and its log is complete
             raise AssertionError(f"the worker exited with {proc.returncode} before it was ready:\n{self._read(log)}")
         return proc
+
+    def log(self, proc: subprocess.Popen[str]) -> str:
+        """What a live worker process has logged so far."""
+        return self._read(self._logs[self.procs.index(proc)])
 
     @staticmethod
     def _read(log: IO[str]) -> str:

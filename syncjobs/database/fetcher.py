@@ -337,6 +337,7 @@ class Fetcher:
             look = self._next_look()
             with self._want:
                 look = min(look, max(0.0, self._next_mark() - time.monotonic()))
+            logger.debug("no job ready on queue %r; looking again in %.3gs or when woken", self.queue, look)
             self._kick.wait(look)
             self._kick.clear()
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import SplitResult, unquote
+from urllib.parse import SplitResult, unquote, urlsplit
 
 from ..errors import QueueError
 from .dialect import LOCK_TIMEOUT, AbortHandles, Dialect
 
 
+def database_file(url: str) -> str:
+    """The file a ``sqlite:`` URL names ("" or ":memory:" if none).
+
+    sqlite:///relative/path and sqlite:////absolute/path, as SQLAlchemy spells them.
+    """
+    parts = urlsplit(url)
+    return unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+
+
 def _connect(driver: Any, url: str, parts: SplitResult, connect_args: Mapping[str, Any]) -> sqlite3.Connection:
-    # sqlite:///relative/path and sqlite:////absolute/path, as SQLAlchemy
-    # spells them. :memory: is refused: each thread's connection would
-    # see a database of its own.
-    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    # :memory: is refused: each thread's connection would see a database of its own.
+    path = database_file(url)
     if not path or path == ":memory:":
         raise QueueError("a SQLite queue needs a file: sqlite:///path/to/jobs.db")
     if connect_args:

@@ -20,16 +20,20 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ..envelope import Envelope
 from ..errors import QueueError
 from . import queries
 from .background import Heartbeat, Leases, Listener, Loop, OutcomeWriter
 from .connections import Connections, DatabaseUnavailable
-from .dialects import MYSQL, POSTGRES, Connector
+from .dialect import Dialect
+from .dialects import MYSQL, POSTGRES, SQLITE, Connector
 from .fetcher import Fetcher
 from .intake import Intake
 from .postgres import notify_channel
+from .sqlite import database_file
+from .wakeup import WakeListener, Waker, wake_directory
 
 logger = logging.getLogger("syncjobs.database")
 
@@ -95,6 +99,11 @@ class DatabaseStore:
         self._heartbeat: Heartbeat | None = None
         self._writer = self._new_writer()
         self._listener: Listener | None = None
+        # Without NOTIFY, other processes' workers on this host are woken by a datagram.
+        identity = _wake_identity(self.dialect, connector.url)
+        self._wake_directory = None if identity is None else wake_directory(identity, table, queue)
+        self._waker = Waker(self._wake_directory)
+        self._wake_listener: WakeListener | None = None
         self._finished = threading.Condition()
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
         self.on_expired_dead: Callable[[Envelope, str], None] = lambda envelope, error: None
@@ -188,6 +197,9 @@ class DatabaseStore:
             self._fetcher.kick_soon()
         else:
             self._fetcher.kick()
+        # Even before a caller's commit: a woken SQLite claim waits for the
+        # caller's write lock, so it sees the rows once they are committed.
+        self._waker.wake()
 
     def wake_fetcher(self) -> None:
         """Look for ready rows now (rows were queued some other way than put_many)."""
@@ -310,6 +322,12 @@ class DatabaseStore:
                 self.connector.connect, channel=self.channel, kick=self._fetcher.kick, poll_interval=self.poll_interval
             )
             self._loops.append(Loop("syncjobs-listener", self._listener.loop))
+        self._wake_listener = None
+        if self.workers and self._wake_directory is not None:
+            listener = WakeListener(self._wake_directory, self._fetcher.kick)
+            if listener.bind():
+                self._wake_listener = listener
+                self._loops.append(Loop("syncjobs-wakeup", listener.loop, listener.stop))
         for loop in self._loops:
             loop.start()
         if self.workers:
@@ -383,6 +401,10 @@ class DatabaseStore:
                 logger.debug("left behind: %s", ", ".join(loop.thread.name for loop in stuck))
         self._loops = []
         self._heartbeat = None
+        if self._wake_listener is not None:
+            self._wake_listener.close()  # its loop closes it; this covers a loop that never ran
+            self._wake_listener = None
+        self._waker.close()
         self.connections.close()
 
     # -- what the background loops run --------------------------------------------
@@ -438,3 +460,13 @@ class DatabaseStore:
             cursor.execute(self._sql["WORKER_BEAT"], (self.owner,))
             if not cursor.rowcount:  # pruned while this process stalled: list it again
                 self._worker_up(cursor)
+
+
+def _wake_identity(dialect: Dialect, url: str) -> str | None:
+    """The database as every process on this host names it, for wake-ups; None with NOTIFY (PostgreSQL)."""
+    if dialect is SQLITE:
+        return os.path.realpath(database_file(url))
+    if dialect is MYSQL:
+        parts = urlsplit(url)
+        return f"mysql://{parts.hostname}:{parts.port or 3306}{parts.path}"
+    return None

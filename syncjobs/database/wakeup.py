@@ -1,0 +1,173 @@
+"""Wake-ups between processes on one host: a datagram to each worker waiting on a queue.
+
+SQLite and MySQL have no NOTIFY. Every process that shares a SQLite file runs
+on one host, and so do the web app and its workers on many a MySQL setup.
+Each store with workers binds a Unix datagram socket in a directory of its own
+queue (under the temporary directory, private to the user); a dispatch sends
+one empty datagram to every socket there. The datagram carries nothing: the
+woken worker claims from the table as it would after a poll, which stays as
+the fallback (workers on other hosts, a socket that could not be made, a
+platform without Unix datagram sockets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import socket
+import stat
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+logger = logging.getLogger("syncjobs.database")
+
+
+def wake_directory(database: str, table: str, queue: str) -> Path | None:
+    """Where the sockets of this queue's waiting workers are; None where the platform has no such sockets.
+
+    ``database`` names the database the same way in every process: a SQLite
+    file's real path, a server's host, port and database name.
+    """
+    if not hasattr(socket, "AF_UNIX") or not hasattr(os, "getuid"):
+        return None
+    digest = hashlib.sha256(f"{database}\0{table}\0{queue}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    # Short: a socket's path must fit in about 100 bytes.
+    return Path(tempfile.gettempdir()) / f"syncjobs-{os.getuid()}" / digest
+
+
+def _private_directory(directory: Path) -> bool:
+    """Create ``directory`` (and its parent) for this user only; False if it is someone else's."""
+    for path in (directory.parent, directory):
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        info = path.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            logger.warning("%s is not a private directory of this user: no wake-ups, workers poll", path)
+            return False
+    return True
+
+
+class Waker:
+    """Sends the wake-ups: one datagram to each waiting worker's socket of a queue."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self._directory = directory
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def wake(self) -> None:
+        directory = self._directory
+        if directory is None:
+            return
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:  # no worker ever waited here
+            return
+        sock = self._socket()
+        for entry in entries:
+            if not entry.name.endswith(".sock"):
+                continue
+            try:
+                sock.sendto(b"", entry.path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                # Its process died without removing it.
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+            except OSError as exc:
+                # EAGAIN: its buffer is full of wake-ups it has not read yet; it is awake.
+                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                    logger.debug("could not wake %s", entry.path, exc_info=True)
+
+    def _socket(self) -> socket.socket:
+        sock = self._sock
+        if sock is None:
+            with self._lock:
+                if self._sock is None:
+                    self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                    self._sock.setblocking(False)
+                sock = self._sock
+        return sock
+
+    def close(self) -> None:
+        with self._lock:
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+
+class WakeListener:
+    """A worker store's socket: each datagram that arrives calls ``kick()`` (a loop in its own thread)."""
+
+    def __init__(self, directory: Path | None, kick: Callable[[], None]) -> None:
+        self._directory = directory
+        self._kick = kick
+        self._sock: socket.socket | None = None
+        self.path: Path | None = None
+
+    def bind(self) -> bool:
+        """Make the socket (before the loop runs); False if there is none to make (then workers poll)."""
+        directory = self._directory
+        if directory is None:
+            return False
+        path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        for tries_left in reversed(range(3)):
+            try:
+                if not _private_directory(directory):
+                    return False
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                try:
+                    sock.bind(str(path))
+                except BaseException:
+                    sock.close()
+                    raise
+            except OSError as exc:
+                if isinstance(exc, FileNotFoundError) and tries_left:
+                    continue  # the last listener of another process removed the directory meanwhile
+                logger.warning("could not make a wake-up socket in %s: workers poll", directory, exc_info=True)
+                return False
+            self._sock, self.path = sock, path
+            return True
+        return False
+
+    def stop(self) -> None:
+        """Wake the loop, so that it sees its stop event."""
+        if self.path is not None:
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+                sock.setblocking(False)
+                sock.sendto(b"", str(self.path))
+
+    def loop(self, stopping: threading.Event) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            while not stopping.is_set():
+                try:
+                    sock.recv(16)
+                except OSError:
+                    if stopping.is_set():
+                        return
+                    logger.debug("the wake-up socket failed; workers poll", exc_info=True)
+                    return
+                if not stopping.is_set():
+                    self._kick()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close and remove the socket (idempotent)."""
+        sock, path = self._sock, self.path
+        self._sock = self.path = None
+        if sock is not None:
+            sock.close()
+        if path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            with contextlib.suppress(OSError):  # the last one out (another's socket keeps it)
+                path.parent.rmdir()

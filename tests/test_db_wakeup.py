@@ -1,0 +1,122 @@
+"""A dispatch wakes the worker processes on this host at once, long before their poll."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+import syncjobs
+from syncjobs.database.sqlite import database_file
+from syncjobs.database.wakeup import wake_directory
+from tests.conftest import TEST_TABLE
+from tests.dbworker import Ledger, LedgerJob, Workers
+from tests.helpers import WAIT, Probe, ProbeJob, wait_until
+from tests.test_database import dispatcher, make
+
+#: Far longer than any test here may take: a job picked up came by a wake-up.
+NEVER = 600.0
+
+
+@pytest.mark.timeout(120)
+def test_a_dispatch_wakes_a_worker_process_long_before_its_poll(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], ledger: Ledger
+) -> None:
+    # PostgreSQL by NOTIFY; SQLite and MySQL by a datagram to each worker process on this host.
+    queue, name = dispatcher(db_url, queues)
+    workers = Workers(db_url, name, workers=1, poll_interval=NEVER, log_level="DEBUG")
+    try:
+        worker = workers.spawn()
+
+        def idle_waits() -> int:
+            return workers.log(worker).count("looking again in")
+
+        waits = 0
+        for n in range(5):
+            # Dispatched once the worker has gone back to waiting (since the
+            # last dispatch): only a wake-up can bring this job to it.
+            wait_until(lambda waits=waits: idle_waits() > waits, what="the worker to wait for work")
+            waits = idle_waits()
+            queue.dispatch(LedgerJob(name, n))
+            wait_until(lambda n=n: len(ledger.runs(name)) == n + 1, timeout=30, what=f"job {n} to be picked up")
+    finally:
+        logs = workers.stop()
+    assert sorted(n for n, _, _ in ledger.runs(name)) == list(range(5))
+    assert [line for log in logs for line in log.splitlines() if line.startswith(("WARNING", "ERROR"))] == []
+
+
+def _sqlite_wake_directory(db_url: str, queue: str) -> Path:
+    directory = wake_directory(os.path.realpath(database_file(db_url)), TEST_TABLE, queue)
+    assert directory is not None
+    return directory
+
+
+def _sockets(directory: Path) -> list[str]:
+    return sorted(path.name for path in directory.glob("*.sock")) if directory.exists() else []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_worker_removes_its_socket_and_its_thread_at_shutdown(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue]
+) -> None:
+    queue = make(db_url, queues, workers=1, poll_interval=NEVER)
+    directory = _sqlite_wake_directory(db_url, queue.queue_name)
+    probe = Probe()
+    queue.start()
+    assert len(_sockets(directory)) == 1
+    assert [t for t in threading.enumerate() if t.name == "syncjobs-wakeup"]
+    # A second queue object, as another process would: its dispatch reaches the worker's socket.
+    other = make(db_url, queues, workers=0, queue=queue.queue_name)
+    other.dispatch(ProbeJob(probe.id))
+    probe.wait_finished(1)
+    queue.shutdown()
+    assert _sockets(directory) == []
+    assert not directory.exists(), "the last worker out leaves no directory behind"
+    assert not [t for t in threading.enumerate() if t.name == "syncjobs-wakeup" and t.is_alive()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_socket_left_by_a_dead_process_is_removed_and_the_dispatch_goes_on(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue]
+) -> None:
+    queue = make(db_url, queues, workers=0)
+    directory = _sqlite_wake_directory(db_url, queue.queue_name)
+    directory.mkdir(mode=0o700, parents=True)
+    stale = directory / "999999-deadbeef.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(stale))  # closed without unlinking: what a killed process leaves
+    probe = Probe()
+    queue.dispatch(ProbeJob(probe.id))
+    assert not stale.exists()
+    assert queue.pending_count() == 1
+    directory.rmdir()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_wake_directory_others_can_write_to_is_not_used_and_workers_poll(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make(db_url, queues, workers=1, poll_interval=0.2)
+    directory = _sqlite_wake_directory(db_url, queue.queue_name)
+    directory.mkdir(mode=0o700, parents=True)
+    directory.chmod(0o777)  # anyone could put a socket here, or take one away
+    try:
+        probe = Probe()
+        with caplog.at_level(logging.WARNING, logger="syncjobs"):
+            queue.start()
+        assert "is not a private directory" in caplog.text
+        assert _sockets(directory) == []
+        other = make(db_url, queues, workers=0, queue=queue.queue_name)
+        other.dispatch(ProbeJob(probe.id))
+        probe.wait_finished(1)  # by its poll
+        assert queue.join(WAIT)
+    finally:
+        queue.shutdown()
+        directory.rmdir()
