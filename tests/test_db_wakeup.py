@@ -17,6 +17,7 @@ from tests.conftest import TEST_TABLE
 from tests.dbworker import Ledger, LedgerJob, Workers
 from tests.helpers import WAIT, Probe, ProbeJob, wait_until
 from tests.test_database import dispatcher, make
+from tests.test_db_connections import _fork_child, _wait_children
 
 #: Far longer than any test here may take: a job picked up came by a wake-up.
 NEVER = 600.0
@@ -120,3 +121,30 @@ def test_a_wake_directory_others_can_write_to_is_not_used_and_workers_poll(
     finally:
         queue.shutdown()
         directory.rmdir()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_forked_child_wakes_its_parents_workers_and_its_shutdown_leaves_their_socket(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], tmp_path: Path
+) -> None:
+    queue = make(db_url, queues, workers=1, poll_interval=NEVER)
+    directory = _sqlite_wake_directory(db_url, queue.queue_name)
+    probe = Probe()
+    queue.start()
+    sockets = _sockets(directory)
+    assert len(sockets) == 1
+
+    def child() -> None:
+        queue.dispatch(ProbeJob(probe.id, 1))  # a pre-forking server's worker, dispatching
+        queue.shutdown(grace=0)  # its copy of the parent's queue: the parent's socket is not its to remove
+
+    (pid,) = [_fork_child(child, tmp_path / "child.err")]
+    codes = _wait_children([pid], timeout=30.0)
+    assert codes == {pid: 0}, (tmp_path / "child.err").read_text() if (tmp_path / "child.err").exists() else ""
+    assert queue.join(WAIT), "the child's dispatch did not wake the parent's worker"
+    assert _sockets(directory) == sockets
+    other = make(db_url, queues, workers=0, queue=queue.queue_name)
+    other.dispatch(ProbeJob(probe.id, 2))
+    assert queue.join(WAIT), "the parent's worker no longer hears wake-ups"
+    queue.shutdown()

@@ -109,6 +109,7 @@ class WakeListener:
         self._kick = kick
         self._sock: socket.socket | None = None
         self.path: Path | None = None
+        self._pid = os.getpid()
 
     def bind(self) -> bool:
         """Make the socket (before the loop runs); False if there is none to make (then workers poll)."""
@@ -131,7 +132,7 @@ class WakeListener:
                     continue  # the last listener of another process removed the directory meanwhile
                 logger.warning("could not make a wake-up socket in %s: workers poll", directory, exc_info=True)
                 return False
-            self._sock, self.path = sock, path
+            self._sock, self.path, self._pid = sock, path, os.getpid()
             return True
         return False
 
@@ -166,7 +167,7 @@ class WakeListener:
         self._sock = self.path = None
         if sock is not None:
             sock.close()
-        if path is not None:
+        if path is not None and os.getpid() == self._pid:  # a forked child's copy is its parent's socket
             with contextlib.suppress(OSError):
                 os.unlink(path)
             with contextlib.suppress(OSError):  # the last one out (another's socket keeps it)
