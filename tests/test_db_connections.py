@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import concurrent.futures
 import contextlib
+import gc
 import logging
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import threading
 import time
 import traceback
+import tracemalloc
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -152,6 +154,28 @@ def test_every_session_has_network_and_server_timeouts(server_url: str) -> None:
             assert int(lock_wait) < 50  # the server's default
     finally:
         connections.close()
+
+
+@pytest.mark.timeout(60)
+def test_the_watchdog_keeps_nothing_of_operations_that_ended() -> None:
+    # A busy worker runs thousands of operations a second, each armed for
+    # ATTEMPT_TIMEOUT: what ended must not stay until its end time comes.
+    watchdog = _Watchdog()
+    conn = _Connection(None, abort=lambda: None, close=lambda: None)
+    try:
+        watchdog.disarm(watchdog.arm(conn, time.monotonic() + 60))  # the thread, started once
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(20_000):
+                watchdog.disarm(watchdog.arm(conn, time.monotonic() + 60))
+            kept = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    finally:
+        watchdog.stop()
+    assert kept < 20_000, f"{kept} bytes kept for 20,000 operations that ended"
 
 
 @pytest.mark.timeout(120)

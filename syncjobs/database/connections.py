@@ -130,6 +130,13 @@ class _Watchdog:
         # connection again, so its user may close it.
         with self._cond:
             self._armed.discard(token)
+            # Operations mostly end in the order they began: the one ending is
+            # usually the heap's first. Dropped now, not when its end time
+            # comes, or the heap would hold every operation of the last
+            # ATTEMPT_TIMEOUT seconds (megabytes on a busy worker).
+            heap = self._heap
+            while heap and heap[0][1] not in self._armed:
+                heapq.heappop(heap)
 
     def _ensure_thread(self) -> None:
         if self._thread is not None and self._thread.is_alive():
