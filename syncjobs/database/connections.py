@@ -29,6 +29,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -52,6 +53,10 @@ DEFAULT_POOL_SIZE = 4
 #: the server's own statement timeout, so that the server's error comes first
 #: when the network is fine.
 ATTEMPT_TIMEOUT = STATEMENT_TIMEOUT + 5.0
+#: How often the watchdog looks while operations come and go; after this
+#: many looks with none in flight it waits to be notified.
+WATCHDOG_TICK = 0.5
+WATCHDOG_IDLE_TICKS = 4
 
 
 class DatabaseUnavailable(QueueError):
@@ -110,6 +115,10 @@ class _Watchdog:
         self._armed: set[int] = set()
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        #: When the thread looks next (inf: when notified). Only an end time
+        #: before it wakes the thread: waking it for every operation would
+        #: hand the GIL to it and back once per query.
+        self._wake_at = math.inf
         #: The running thread's own stop flag. A thread started after a stop()
         #: gets a new one: it never clears the flag of a thread stop() joins.
         self._stopped: threading.Event | None = None
@@ -120,7 +129,7 @@ class _Watchdog:
             token = next(self._seq)
             heapq.heappush(self._heap, (endtime, token, conn))
             self._armed.add(token)
-            if self._heap[0][1] == token:
+            if endtime < self._wake_at:
                 self._ensure_thread()
                 self._cond.notify()
         return token
@@ -151,16 +160,25 @@ class _Watchdog:
         self._thread, self._stopped = thread, stopped
 
     def _loop(self, stopped: threading.Event) -> None:
+        empty_looks = 0
         with self._cond:
             while not stopped.is_set():
                 while self._heap and self._heap[0][1] not in self._armed:
                     heapq.heappop(self._heap)
                 if not self._heap:
-                    self._cond.wait()
+                    # Operations end within microseconds, usually before this
+                    # thread looks: while they come, look every tick rather
+                    # than be notified (and take the GIL) for each one.
+                    empty_looks += 1
+                    tick = WATCHDOG_TICK if empty_looks <= WATCHDOG_IDLE_TICKS else math.inf
+                    self._wake_at = time.monotonic() + tick
+                    self._cond.wait(None if tick == math.inf else tick)
                     continue
+                empty_looks = 0
                 endtime, token, conn = self._heap[0]
                 remaining = endtime - time.monotonic()
                 if remaining > 0:
+                    self._wake_at = endtime
                     self._cond.wait(remaining)
                     continue
                 heapq.heappop(self._heap)
@@ -174,6 +192,7 @@ class _Watchdog:
                 self._stopped.set()
             self._cond.notify_all()
             thread, self._thread, self._stopped = self._thread, None, None
+            self._wake_at = math.inf  # the next thread is notified by the next arm()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
 
