@@ -36,8 +36,8 @@ def wake_directory(database: str, table: str, queue: str) -> Path | None:
     """
     if not hasattr(socket, "AF_UNIX") or not hasattr(os, "getuid"):
         return None
-    digest = hashlib.sha256(f"{database}\0{table}\0{queue}".encode("utf-8", "surrogatepass")).hexdigest()[:24]
-    # Short: a socket's path must fit in about 100 bytes.
+    # Short: a socket's path must fit in 104 bytes (macOS, whose temporary directory is long).
+    digest = hashlib.sha256(f"{database}\0{table}\0{queue}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / f"syncjobs-{os.getuid()}" / digest
 
 
@@ -116,7 +116,7 @@ class WakeListener:
         directory = self._directory
         if directory is None:
             return False
-        path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+        path = directory / f"{os.getpid()}-{uuid.uuid4().hex[:6]}.sock"
         for tries_left in reversed(range(3)):
             try:
                 if not _private_directory(directory):
