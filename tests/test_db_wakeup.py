@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import syncjobs
+from syncjobs.database import wakeup
 from syncjobs.database.sqlite import database_file
 from syncjobs.database.wakeup import wake_directory
 from tests.conftest import TEST_TABLE
@@ -125,7 +126,7 @@ def test_a_wake_directory_others_can_write_to_is_not_used_and_workers_poll(
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_forked_child_wakes_its_parents_workers_and_its_shutdown_leaves_their_socket(
+def test_a_forked_childs_shutdown_leaves_its_parents_wake_up_socket(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], tmp_path: Path
 ) -> None:
     queue = make(db_url, queues, workers=1, poll_interval=NEVER)
@@ -136,15 +137,69 @@ def test_a_forked_child_wakes_its_parents_workers_and_its_shutdown_leaves_their_
     assert len(sockets) == 1
 
     def child() -> None:
-        queue.dispatch(ProbeJob(probe.id, 1))  # a pre-forking server's worker, dispatching
-        queue.shutdown(grace=0)  # its copy of the parent's queue: the parent's socket is not its to remove
+        # Its copy of the parent's queue (no SQLite call: forking a process
+        # whose threads use SQLite leaves the child nothing safe to use).
+        queue.shutdown(grace=0)
 
     (pid,) = [_fork_child(child, tmp_path / "child.err")]
     codes = _wait_children([pid], timeout=30.0)
     assert codes == {pid: 0}, (tmp_path / "child.err").read_text() if (tmp_path / "child.err").exists() else ""
-    assert queue.join(WAIT), "the child's dispatch did not wake the parent's worker"
-    assert _sockets(directory) == sockets
+    assert _sockets(directory) == sockets, "the child removed its parent's socket"
     other = make(db_url, queues, workers=0, queue=queue.queue_name)
     other.dispatch(ProbeJob(probe.id, 2))
     assert queue.join(WAIT), "the parent's worker no longer hears wake-ups"
     queue.shutdown()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_worker_whose_socket_file_was_removed_still_stops_at_once(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A /tmp cleaner, or rm -r of the directory: the stop datagram has nowhere to go.
+    queue = make(db_url, queues, workers=1, poll_interval=NEVER)
+    directory = _sqlite_wake_directory(db_url, queue.queue_name)
+    queue.start()
+    for name in _sockets(directory):
+        (directory / name).unlink()
+    with caplog.at_level(logging.WARNING, logger="syncjobs"):
+        queue.shutdown()
+    assert "did not answer" not in caplog.text
+    assert not [t for t in threading.enumerate() if t.name == "syncjobs-wakeup" and t.is_alive()]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_wake_up_that_cannot_be_sent_never_fails_the_committed_dispatch(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listener = make(db_url, queues, workers=1, poll_interval=0.2)
+    listener.start()  # a socket in the directory: the dispatch has someone to wake
+    queue = make(db_url, queues, workers=0, queue=listener.queue_name)
+
+    def no_socket(*args: object, **kwargs: object) -> socket.socket:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(wakeup.socket, "socket", no_socket)
+    probe = Probe()
+    job_id = queue.dispatch(ProbeJob(probe.id))
+    assert job_id
+    monkeypatch.undo()
+    probe.wait_finished(1)  # by the worker's poll
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_without_a_usable_temporary_directory_workers_poll(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_directory() -> str:
+        raise FileNotFoundError("No usable temporary directory found")
+
+    monkeypatch.setattr(wakeup.tempfile, "gettempdir", no_directory)
+    queue = make(db_url, queues, workers=1, poll_interval=0.2)
+    probe = Probe()
+    with queue:
+        make(db_url, queues, workers=0, queue=queue.queue_name).dispatch(ProbeJob(probe.id))
+        probe.wait_finished(1)
+    assert not [t for t in threading.enumerate() if t.name == "syncjobs-wakeup" and t.is_alive()]

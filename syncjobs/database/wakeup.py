@@ -36,9 +36,13 @@ def wake_directory(database: str, table: str, queue: str) -> Path | None:
     """
     if not hasattr(socket, "AF_UNIX") or not hasattr(os, "getuid"):
         return None
+    try:
+        temporary = tempfile.gettempdir()
+    except OSError:  # no usable temporary directory (a read-only container): workers poll
+        return None
     # Short: a socket's path must fit in 104 bytes (macOS, whose temporary directory is long).
     digest = hashlib.sha256(f"{database}\0{table}\0{queue}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"syncjobs-{os.getuid()}" / digest
+    return Path(temporary) / f"syncjobs-{os.getuid()}" / digest
 
 
 def _private_directory(directory: Path) -> bool:
@@ -62,14 +66,15 @@ class Waker:
         self._lock = threading.Lock()
 
     def wake(self) -> None:
+        """Best effort: the dispatch is committed, and a worker not woken finds the job at its poll."""
         directory = self._directory
         if directory is None:
             return
         try:
             entries = list(os.scandir(directory))
-        except OSError:  # no worker ever waited here
+            sock = self._socket()
+        except OSError:  # no worker ever waited here; or no socket to send from (out of descriptors, a sandbox)
             return
-        sock = self._socket()
         for entry in entries:
             if not entry.name.endswith(".sock"):
                 continue
@@ -137,11 +142,15 @@ class WakeListener:
         return False
 
     def stop(self) -> None:
-        """Wake the loop, so that it sees its stop event."""
-        if self.path is not None:
-            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-                sock.setblocking(False)
-                sock.sendto(b"", str(self.path))
+        """Wake the loop, so that it sees its stop event, even if its socket's file was removed under it."""
+        sock = self._sock
+        if sock is not None and os.getpid() == self._pid:  # a forked child would shut its parent's down
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # recv() returns at once (Linux)
+        if self.path is not None:  # where shutdown() does not wake a reader
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+                sender.setblocking(False)
+                sender.sendto(b"", str(self.path))
 
     def loop(self, stopping: threading.Event) -> None:
         sock = self._sock
