@@ -50,6 +50,15 @@ def user_connection(url: str) -> Any:
     return conn
 
 
+def install_tables(url: str, table: str) -> None:
+    """Create the queue's tables under ``table``, as ``syncjobs migrate`` does."""
+    queue = syncjobs.DatabaseJobQueue(url, table=table, workers=0)
+    try:
+        queue.install_schema()
+    finally:
+        queue.shutdown()
+
+
 def drop_tables(url: str, table: str) -> None:
     for suffix in ("", "_schema", "_workers", "_done", "_finished"):
         execute(url, f"DROP TABLE IF EXISTS {table}{suffix}")

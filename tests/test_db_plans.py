@@ -7,21 +7,17 @@ from collections.abc import Iterator
 
 import pytest
 
-import syncjobs
 from syncjobs.database import queries
+from syncjobs.database.claim_floor import FROM_START
 from syncjobs.database.dialects import POSTGRES
-from tests.test_database import drop_tables, execute
+from tests.test_database import drop_tables, execute, install_tables
 
 
 @pytest.fixture
 def unanalyzed_backlog(server_url: str) -> Iterator[str]:
     """A queue table of 130,000 ready rows, vacuumed but never analyzed: row counts, no column statistics."""
     table = f"plan_{uuid.uuid4().hex[:10]}"
-    queue = syncjobs.DatabaseJobQueue(server_url, table=table, workers=0)
-    try:
-        queue.install_schema()
-    finally:
-        queue.shutdown()
+    install_tables(server_url, table)
     try:
         execute(
             server_url,
@@ -47,11 +43,11 @@ def test_the_claim_is_an_ordered_index_scan_without_column_statistics(server_url
     # Without statistics the planner guesses a handful of ready rows; a claim
     # whose clock were a per-row filter would then sort every queued row.
     table = unanalyzed_backlog
-    claim = ("claimed", "owner", "token", 30.0, "default", 10)
+    claim = ("claimed", "owner", "token", 30.0, "default", FROM_START, 10)
     plans = {
         "CLAIM_RETURNING": _plan(server_url, queries.CLAIM_RETURNING, table, claim),
         "MARK_AND_CLAIM": _plan(server_url, queries.MARK_AND_CLAIM, table, (["job-1"], ["token"], *claim)),
-        "SELECT_READY": _plan(server_url, queries.SELECT_READY, table, ("default", 10)),
+        "SELECT_READY": _plan(server_url, queries.SELECT_READY, table, ("default", FROM_START, 10)),
     }
     for name, plan in plans.items():
         assert f"Index Scan using {table}_claim" in plan, f"{name}:\n{plan}"

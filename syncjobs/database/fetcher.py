@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..envelope import Envelope
+from .claim_floor import LOWEST_DOUBLE, ClaimFloor
 from .dialect import Dialect
 from .mysql import MYSQL
 from .postgres import POSTGRES
@@ -177,6 +178,7 @@ class Fetcher:
         carry: dict[str, contextvars.ContextVar[Any]],
         on_dead: Callable[[Envelope, str], None],
         hold: Callable[[Sequence[Envelope]], None] = lambda envelopes: None,
+        floor: ClaimFloor | None = None,
     ) -> None:
         self._runner = runner
         self._sql = sql
@@ -212,6 +214,7 @@ class Fetcher:
         self.mark_after = min(MARK_AFTER, lease / 10)
         self._kick = threading.Event()
         self._soon_step = 0.0
+        self._floor = floor or ClaimFloor()
 
     # -- the workers' side ---------------------------------------------------
 
@@ -382,7 +385,9 @@ class Fetcher:
     def claim_batch(self, want: int, to_mark: Sequence[Envelope] = ()) -> list[Envelope]:
         """Mark the rows of ``to_mark`` running, and claim up to ``want`` rows, in one statement or transaction."""
         token = str(uuid.uuid4())
-        claim_params = ("claimed", self.owner, token, self.lease, self.queue, want)
+        floor = self._floor.start()
+        bound = max(floor, LOWEST_DOUBLE) if self._dialect is MYSQL else floor
+        claim_params = ("claimed", self.owner, token, self.lease, self.queue, bound, want)
 
         def mark_and_claim_returning(cursor: Any) -> list[tuple[Any, ...]]:
             if to_mark and self._dialect is POSTGRES:
@@ -395,7 +400,7 @@ class Fetcher:
 
         def mark_and_claim(cursor: Any) -> list[tuple[Any, ...]]:
             self._mark_rows(cursor, to_mark)
-            cursor.execute(self._sql["SELECT_READY"], (self.queue, want))
+            cursor.execute(self._sql["SELECT_READY"], (self.queue, bound, want))
             rows = list(cursor.fetchall())
             if rows:
                 marks = ", ".join([self._dialect.placeholder] * len(rows))
@@ -411,6 +416,7 @@ class Fetcher:
             rows = self._runner.transaction(mark_and_claim_returning)
         else:
             rows = self._runner.run(mark_and_claim_returning)
+        self._floor.claimed(floor, [float(row[6]) for row in rows], want)
         envelopes: list[Envelope] = []
         for row in rows:
             try:

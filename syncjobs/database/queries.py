@@ -47,9 +47,11 @@ FINISHED_PRUNE = "DELETE FROM {table}_finished WHERE finished_at < {now_once} - 
 
 MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
 
+# A claim reads the ready rows from a floor on their due time up (claim_floor.py)
+# and returns each row's due time after the columns of its envelope.
 SELECT_READY = (
-    f"SELECT {COLUMNS} FROM {{table}} WHERE queue = ? AND state = 'queued' AND run_at <= {{now_once}} "
-    "ORDER BY run_at LIMIT ?{lock}"
+    f"SELECT {COLUMNS}, run_at FROM {{table}} WHERE queue = ? AND state = 'queued' AND run_at >= ? "
+    "AND run_at <= {now_once} ORDER BY run_at LIMIT ?{lock}"
 )
 
 # The ids of one claim batch are bound one placeholder each: {ids} becomes "?, ?, ?".
@@ -63,9 +65,9 @@ MARK_CLAIMED = (
 # keep two claimers off the same rows; SQLite takes its write lock anyway.
 CLAIM_RETURNING = (
     "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ? "
-    "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now_once} "
-    "ORDER BY run_at LIMIT ?{lock}) "
-    f"RETURNING {COLUMNS}"
+    "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at >= ? "
+    "AND run_at <= {now_once} ORDER BY run_at LIMIT ?{lock}) "
+    f"RETURNING {COLUMNS}, run_at"
 )
 
 # PostgreSQL: the rows taken from the buffer marked running, in the claim's statement.
