@@ -7,13 +7,15 @@ Two steps per database, on the table ``syncjobs_bench_jobs`` (dropped first):
 
 - the sliced drain: ``--jobs`` no-op jobs go in with ``dispatch_many()``;
   then 2 worker processes of 4 threads (``bench_database.py``'s) drain them
-  while this process reads the count of pending jobs every 20 ms. Shown: the
+  while this process reads the count of jobs done every 20 ms (the tally the
+  completer keeps for ``stats``, not a COUNT of the queue). Shown: the
   rate of each ``--slice`` jobs, and the last slice's rate over the first
   (goal: at least 0.8x). On PostgreSQL also the dead tuples, autovacuum runs
   and index size at the end, and a claim on the emptied table against one on
   the fresh table.
 - backlog scaling: for each ``--backlogs`` N, N + 20,000 jobs in a fresh
-  table; the time to drain the first 20,000 of them. Shown: each rate over the
+  table (PostgreSQL: then ``VACUUM ANALYZE``); the time to run the first
+  20,000 of them. Shown: each rate over the
   rate with no backlog (goal: at least 0.8x).
 
 PostgreSQL runs twice: on a throwaway server that this benchmark starts with
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import shutil
 import socket
@@ -146,23 +149,47 @@ def _worker_args(connector: Connector, name: str, tmp: Path) -> list[list[str]]:
     ]
 
 
-def _drain_marks(
-    jobs: syncjobs.DatabaseJobQueue, workers: list[bench.Worker], marks: list[int], stop_at: int
-) -> list[float]:
-    """perf_counter() when the pending count first reads at or under each mark, down to ``stop_at``."""
-    times = []
+class DoneCounter:
+    """Jobs of one queue done so far, from the table the completer adds to as it deletes finished rows.
+
+    Not ``pending_count()``: a COUNT of a million queued rows every 20 ms
+    would load the database more than the claims being measured.
+    """
+
+    def __init__(self, connector: Connector, queue_name: str) -> None:
+        self._conn = connector.connect()
+        self._sql = connector.dialect.sql("SELECT SUM(done) FROM {table}_done WHERE queue = ?", bench.TABLE)
+        self._queue = queue_name
+
+    def __call__(self) -> int:
+        cursor = self._conn.cursor()
+        cursor.execute(self._sql, (self._queue,))
+        row = cursor.fetchone()
+        cursor.close()
+        return int(row[0] or 0) if row else 0
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _drain_marks(done: DoneCounter, workers: list[bench.Worker], marks: list[int]) -> list[tuple[float, int]]:
+    """(perf_counter(), jobs done) now, and when the count first reaches each of ``marks``."""
     began = time.perf_counter()
+    seen = [(began, done())]
     for mark in marks:
-        while (left := jobs.pending_count()) > mark:
+        while (count := done()) < mark:
             if time.perf_counter() - began > TIMEOUT:
-                raise bench.BenchError(f"{left:,} jobs still pending after {TIMEOUT:.0f} s; gave up")
+                raise bench.BenchError(f"{count:,} jobs done after {TIMEOUT:.0f} s, not {mark:,}; gave up")
             for worker in workers:
                 worker.check(may_exit=False)
             time.sleep(bench.LOOK_EVERY)  # pacing the look at the count, not a synchronisation
-        times.append(time.perf_counter())
-        if mark <= stop_at:
-            break
-    return times
+        seen.append((time.perf_counter(), count))
+    return seen
+
+
+def _rates(seen: list[tuple[float, int]]) -> list[float]:
+    """Jobs a second between each two of ``seen``."""
+    return [(done - before) / (at - then) for (then, before), (at, done) in itertools.pairwise(seen)]
 
 
 def sliced_drain(connector: Connector, count: int, size: int, tmp: Path, notes: list[str]) -> float:
@@ -171,13 +198,17 @@ def sliced_drain(connector: Connector, count: int, size: int, tmp: Path, notes: 
     try:
         fresh_claim = claim_ms(connector, jobs.queue_name) if connector.dialect is POSTGRES else None
         fill(jobs, count)
-        marks = list(range(count, -1, -size))
-        with bench.spawned(_worker_args(connector, jobs.queue_name, tmp), tmp, jobs.queue_name, notes) as workers:
-            times = _drain_marks(jobs, workers, marks, 0)
-            ran, _ = bench.stop_and_count(workers)
+        marks = list(range(size, count + 1, size))
+        done = DoneCounter(connector, jobs.queue_name)
+        try:
+            with bench.spawned(_worker_args(connector, jobs.queue_name, tmp), tmp, jobs.queue_name, notes) as workers:
+                seen = _drain_marks(done, workers, marks)
+                ran, _ = bench.stop_and_count(workers)
+        finally:
+            done.close()
         if ran != count:
             raise bench.BenchError(f"drain: {count:,} jobs dispatched, {ran:,} runs")
-        rates = [(marks[i] - marks[i + 1]) / (times[i + 1] - times[i]) for i in range(len(times) - 1)]
+        rates = _rates(seen)
         print("  slices: " + " -> ".join(f"{rate:,.0f}" for rate in rates) + " jobs/s", flush=True)
         if connector.dialect is POSTGRES:
             print(f"  at the end: {_pg_table_figures(connector)}", flush=True)
@@ -205,11 +236,15 @@ def backlog_rate(connector: Connector, backlog: int, tmp: Path, notes: list[str]
                 conn.cursor().execute(f"VACUUM ANALYZE {bench.TABLE}")
             finally:
                 conn.close()
-        with bench.spawned(_worker_args(connector, jobs.queue_name, tmp), tmp, jobs.queue_name, notes) as workers:
-            times = _drain_marks(jobs, workers, [total, backlog], backlog)
+        done = DoneCounter(connector, jobs.queue_name)
+        try:
+            with bench.spawned(_worker_args(connector, jobs.queue_name, tmp), tmp, jobs.queue_name, notes) as workers:
+                seen = _drain_marks(done, workers, [DRAIN_SAMPLE])
+        finally:
+            done.close()
     finally:
         jobs.shutdown()
-    return DRAIN_SAMPLE / (times[1] - times[0])
+    return _rates(seen)[0]
 
 
 def backlog_scaling(connector: Connector, backlogs: list[int], tmp: Path, notes: list[str]) -> None:
