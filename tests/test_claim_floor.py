@@ -80,6 +80,22 @@ class _Connection:
         return result
 
 
+def fetcher_on(runner: _Connection, table: str, **options: Any) -> Fetcher:
+    """A fetcher of the queue ``default`` in ``table``, through the test's own connection."""
+    dialect = runner.connector.dialect
+    return Fetcher(
+        runner,
+        {name: dialect.sql(text, table) for name, text in vars(queries).items() if name.isupper()},
+        dialect,
+        queue="default",
+        owner="owner",
+        lease=30.0,
+        carry={},
+        on_dead=lambda envelope, error: None,
+        **options,
+    )
+
+
 @pytest.fixture
 def table(db_url: str) -> Iterator[str]:
     name = f"floor_{uuid.uuid4().hex[:10]}"
@@ -104,20 +120,7 @@ def test_a_row_that_comes_ready_below_the_floor_is_claimed_by_the_next_read_from
         _insert_due(db_url, table, f"job-{i}", 100 - i)  # due in dispatch order, job-1 first
     runner = _Connection(db_url)
     clock = FakeClock()
-    dialect = runner.connector.dialect
-    fetcher = Fetcher(
-        runner,
-        {name: dialect.sql(text, table) for name, text in vars(queries).items() if name.isupper()},
-        dialect,
-        queue="default",
-        owner="owner",
-        lease=30.0,
-        poll_interval=1.0,
-        prefetch=0,
-        carry={},
-        on_dead=lambda envelope, error: None,
-        floor=ClaimFloor(clock=clock, every=10.0),
-    )
+    fetcher = fetcher_on(runner, table, poll_interval=1.0, prefetch=0, floor=ClaimFloor(clock=clock, every=10.0))
     try:
         assert [e.id for e in fetcher.claim_batch(2)] == ["job-1", "job-2"]
         # A job whose dispatching transaction committed late: due before the floor.

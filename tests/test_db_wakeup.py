@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -203,3 +205,47 @@ def test_without_a_usable_temporary_directory_workers_poll(
         make(db_url, queues, workers=0, queue=queue.queue_name).dispatch(ProbeJob(probe.id))
         probe.wait_finished(1)
     assert not [t for t in threading.enumerate() if t.name == "syncjobs-wakeup" and t.is_alive()]
+
+
+@contextlib.contextmanager
+def resting_listener(tmp_path: Path, pause: float) -> Iterator[tuple[wakeup.Waker, list[int]]]:
+    """A listener in its own thread that rests ``pause`` s after each kick; a waker; the kicks so far."""
+    directory = tmp_path / "wake"
+    directory.mkdir(mode=0o700)
+    kicks: list[int] = []
+    listener = wakeup.WakeListener(directory, lambda: kicks.append(1), pause=pause)
+    assert listener.bind()
+    stopping = threading.Event()
+    thread = threading.Thread(target=listener.loop, args=(stopping,), name="test-wake-listener")
+    thread.start()
+    waker = wakeup.Waker(directory)
+    try:
+        yield waker, kicks
+    finally:
+        stopping.set()
+        listener.stop()
+        thread.join(WAIT)
+        waker.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_wake_ups_that_come_while_the_listener_rests_make_one_kick(tmp_path: Path) -> None:
+    # A stream of dispatches: one kick for all that came during the rest,
+    # not a kick (and a claim) a job.
+    with resting_listener(tmp_path, pause=0.3) as (waker, kicks):
+        waker.wake()
+        wait_until(lambda: len(kicks) == 1, what="the first kick")
+        for _ in range(100):  # all within its rest of 0.3 s
+            waker.wake()
+        wait_until(lambda: len(kicks) >= 2, what="the kick for those that came during the rest")
+    assert 2 <= len(kicks) <= 3, len(kicks)  # one a datagram would be 101
+
+
+@pytest.mark.timeout(60)
+def test_a_listener_resting_between_wake_ups_stops_at_once(tmp_path: Path) -> None:
+    with resting_listener(tmp_path, pause=NEVER) as (waker, kicks):
+        waker.wake()
+        wait_until(lambda: len(kicks) == 1, what="the first kick")
+        waker.wake()  # comes while it rests for NEVER seconds: no kick for it
+    assert len(kicks) == 1

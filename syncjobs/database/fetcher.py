@@ -49,6 +49,12 @@ T = TypeVar("T")
 #: at dispatch came before the caller's commit, and no driver says when that is.
 SOON_FIRST = 0.01
 
+#: A wake-up this soon after the last claim began waits out the rest: jobs
+#: dispatched one by one then come in one claim, not a claim (and a
+#: completion) each, which would cost the workers more than the dispatches
+#: and slow the dispatching processes beside them. A lone job is not delayed.
+CLAIM_COALESCE = 0.005
+
 #: A run is marked ``running`` in the table if its outcome is not written
 #: this long after it was taken (at most a tenth of the lease): the many jobs
 #: that end sooner cost no write for it, and a run killed sooner is counted on
@@ -179,6 +185,7 @@ class Fetcher:
         on_dead: Callable[[Envelope, str], None],
         hold: Callable[[Sequence[Envelope]], None] = lambda envelopes: None,
         floor: ClaimFloor | None = None,
+        coalesce: float = CLAIM_COALESCE,
     ) -> None:
         self._runner = runner
         self._sql = sql
@@ -214,6 +221,8 @@ class Fetcher:
         self.mark_after = min(MARK_AFTER, lease / 10)
         self._kick = threading.Event()
         self._soon_step = 0.0
+        self._last_claim = -math.inf
+        self._coalesce = coalesce
         self._floor = floor or ClaimFloor()
 
     # -- the workers' side ---------------------------------------------------
@@ -315,6 +324,7 @@ class Fetcher:
                 with self._want:
                     self._claiming += 1
                     self._claims_begun += 1
+                    self._last_claim = time.monotonic()
                 try:
                     claimed = self.claim_batch(want, to_mark)
                 except BaseException:
@@ -336,13 +346,21 @@ class Fetcher:
                 self._hold(claimed)
                 for envelope in claimed:
                     self._ready.put(envelope)
-                continue
-            look = self._next_look()
-            with self._want:
-                look = min(look, max(0.0, self._next_mark() - time.monotonic()))
-            logger.debug("no job ready on queue %r; looking again in %.3gs or when woken", self.queue, look)
-            self._kick.wait(look)
+            if len(claimed) < want:
+                # The queue is drained for now: the next rows come with a
+                # wake-up or are due by the next look, and claiming again at
+                # once would only find nothing.
+                self._rest(stop, found=len(claimed))
+
+    def _rest(self, stop: threading.Event, *, found: int) -> None:
+        """Wait for a wake-up, the next parked row's due time or the next mark, at most ``poll_interval``."""
+        look = self._next_look()
+        with self._want:
+            look = min(look, max(0.0, self._next_mark() - time.monotonic()))
+        logger.debug("%d job(s) ready on queue %r; looking again in %.3gs or when woken", found, self.queue, look)
+        if self._kick.wait(look):
             self._kick.clear()
+            stop.wait(self._last_claim + self._coalesce - time.monotonic())
 
     def _next_mark(self) -> float:
         """When the oldest unmarked run is due to be marked (``inf`` if none); under ``_want``."""

@@ -29,7 +29,7 @@ from .background import Heartbeat, Leases, Listener, Loop, OutcomeWriter
 from .connections import Connections, DatabaseUnavailable
 from .dialect import Dialect
 from .dialects import MYSQL, POSTGRES, SQLITE, Connector
-from .fetcher import Fetcher
+from .fetcher import CLAIM_COALESCE, Fetcher
 from .intake import Intake
 from .postgres import notify_channel
 from .sqlite import database_file
@@ -324,7 +324,7 @@ class DatabaseStore:
             self._loops.append(Loop("syncjobs-listener", self._listener.loop))
         self._wake_listener = None
         if self.workers and self._wake_directory is not None:
-            listener = WakeListener(self._wake_directory, self._fetcher.kick)
+            listener = WakeListener(self._wake_directory, self._fetcher.kick, pause=CLAIM_COALESCE)
             if listener.bind():
                 self._wake_listener = listener
                 self._loops.append(Loop("syncjobs-wakeup", listener.loop, listener.stop))

@@ -106,12 +106,23 @@ class Waker:
             sock.close()
 
 
-class WakeListener:
-    """A worker store's socket: each datagram that arrives calls ``kick()`` (a loop in its own thread)."""
+#: Datagrams a listener reads at once after it rests; more only mean it is awake.
+_DRAIN_AT_MOST = 256
 
-    def __init__(self, directory: Path | None, kick: Callable[[], None]) -> None:
+
+class WakeListener:
+    """A worker store's socket: datagrams that arrive call ``kick()`` (a loop in its own thread).
+
+    After each kick it rests ``pause`` seconds, then takes every datagram
+    that came meanwhile with one kick: a stream of dispatches wakes it a few
+    hundred times a second, not once a job (the fetcher would not claim
+    sooner anyway, see ``CLAIM_COALESCE``).
+    """
+
+    def __init__(self, directory: Path | None, kick: Callable[[], None], pause: float = 0.0) -> None:
         self._directory = directory
         self._kick = kick
+        self._pause = pause
         self._sock: socket.socket | None = None
         self.path: Path | None = None
         self._pid = os.getpid()
@@ -160,6 +171,14 @@ class WakeListener:
             while not stopping.is_set():
                 try:
                     sock.recv(16)
+                    # Those that came while it rested: one kick for all. Bounded,
+                    # as a socket shut down by stop() reads as empty datagrams.
+                    for _ in range(_DRAIN_AT_MOST):
+                        if stopping.is_set():
+                            break
+                        sock.recv(16, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    pass
                 except OSError:
                     if stopping.is_set():
                         return
@@ -167,6 +186,7 @@ class WakeListener:
                     return
                 if not stopping.is_set():
                     self._kick()
+                    stopping.wait(self._pause)
         finally:
             self.close()
 
