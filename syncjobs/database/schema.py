@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..job import MAX_NAME_LENGTH
-from .dialects import MYSQL, Dialect
+from .dialects import MYSQL, POSTGRES, Dialect
 
 #: Bumped by any change to the tables; stored in ``<table>_schema``.
 #: 1: the jobs table. 2: adds ``<table>_workers`` (live workers and their
@@ -11,6 +11,17 @@ from .dialects import MYSQL, Dialect
 #: 3: adds ``<table>_finished`` (tombstones of finished jobs, so that a
 #: dispatch retried after an ambiguous failure never runs a finished job again).
 SCHEMA_VERSION = 3
+
+
+# PostgreSQL: every job leaves dead tuples (its claim's UPDATE and its
+# DELETE). Autovacuum's default waits for 20% of the table's rows, a long
+# wait on a table that is small between bursts and huge during them; a queue
+# table is vacuumed after 1,000 dead tuples and 1% of its rows. (Not a new
+# schema version: nothing depends on it, and ``migrate`` applies it to a
+# table of any version, under a lock that lets reads and writes go on.) No
+# fillfactor: no claim or renewal can be a HOT update, as each changes an
+# indexed column.
+_OFTEN_VACUUMED = "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000"
 
 
 def ddl(dialect: Dialect, table: str) -> list[str]:
@@ -77,8 +88,10 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         # MySQL has no CREATE INDEX IF NOT EXISTS: the indexes go in the table.
         inline = ",".join(f"\n        INDEX {name} ({cols})" for name, cols in indexes)
         return [f"CREATE TABLE IF NOT EXISTS {table} ({columns},{inline}\n){engine}", *companions]
+    vacuum = [f"ALTER TABLE {table} SET ({_OFTEN_VACUUMED})"] if dialect is POSTGRES else []
     return [
         f"CREATE TABLE IF NOT EXISTS {table} ({columns}\n)",
+        *vacuum,
         *(f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({cols})" for name, cols in indexes),
         *companions,
         f"CREATE INDEX IF NOT EXISTS {table}_finished_at ON {table}_finished (finished_at)",

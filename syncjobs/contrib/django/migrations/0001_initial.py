@@ -6,19 +6,7 @@ from typing import Any
 
 from django.db import migrations, models
 
-from syncjobs.database.dialects import MYSQL, POSTGRES, SQLITE
-from syncjobs.database.schema import ddl, record_version
-
-TABLE = "syncjobs_jobs"
-DIALECTS = {"postgresql": POSTGRES, "mysql": MYSQL, "sqlite": SQLITE}
-
-
-def create_tables(apps: Any, schema_editor: Any) -> None:
-    dialect = DIALECTS.get(schema_editor.connection.vendor)
-    if dialect is None:
-        return  # a database syncjobs cannot use: nothing to create there
-    for statement in [*ddl(dialect, TABLE), *record_version(TABLE)]:
-        schema_editor.execute(statement, params=None)
+from syncjobs.contrib.django.ddl import TABLE, run_ddl
 
 
 def drop_tables(apps: Any, schema_editor: Any) -> None:
@@ -32,7 +20,7 @@ class Migration(migrations.Migration):
 
     operations = [
         # Not atomic: MySQL cannot roll DDL back, and each statement is idempotent.
-        migrations.RunPython(create_tables, drop_tables, atomic=False, elidable=False),
+        migrations.RunPython(run_ddl, drop_tables, atomic=False, elidable=False),
         migrations.CreateModel(
             name="QueuedJob",
             fields=[

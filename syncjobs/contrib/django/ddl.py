@@ -1,0 +1,20 @@
+"""The migrations' one operation on syncjobs' tables: run syncjobs' own DDL, as ``syncjobs migrate`` does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from syncjobs.database.dialects import MYSQL, POSTGRES, SQLITE
+from syncjobs.database.schema import ddl, record_version
+
+TABLE = "syncjobs_jobs"
+DIALECTS = {"postgresql": POSTGRES, "mysql": MYSQL, "sqlite": SQLITE}
+
+
+def run_ddl(apps: Any, schema_editor: Any) -> None:
+    """Create what is missing and keep the rest (every statement is idempotent); record the schema version."""
+    dialect = DIALECTS.get(schema_editor.connection.vendor)
+    if dialect is None:
+        return  # a database syncjobs cannot use: nothing to create there
+    for statement in [*ddl(dialect, TABLE), *record_version(TABLE)]:
+        schema_editor.execute(statement, params=None)
