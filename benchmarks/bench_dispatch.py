@@ -8,6 +8,12 @@ Per database: a ``DatabaseJobQueue(workers=0)`` dispatches a no-op job, one
 ``uuid4()``, the payload from ``json.dumps``). The two take turns call by
 call, so a slow spell of the machine hits both. Shown: each one's median
 time of a call, and their ratio (goal on PostgreSQL: at most 1.2x).
+
+Then dispatch throughput while workers run: ``--calls`` ``dispatch()`` calls
+from one thread on a queue no worker serves, then (once 2 worker processes of
+4 threads, ``bench_database.py``'s at the default ``poll_interval``, have
+drained those) as many again while the workers run them as they come. Shown:
+both rates and their ratio (goal: at least 0.8x).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+import bench_database as bench
 
 import syncjobs
 from syncjobs.database.dialects import Connector
@@ -83,6 +91,42 @@ def measure(url: str, count: int) -> dict[str, float]:
         conn.close()
 
 
+def dispatch_rate(queue: syncjobs.DatabaseJobQueue, count: int) -> float:
+    began = time.perf_counter()
+    for _ in range(count):
+        queue.dispatch(bench.NOOP)
+    return count / (time.perf_counter() - began)
+
+
+def with_workers(url: str, count: int, tmp: Path) -> tuple[float, float]:
+    """Dispatches a second from one thread: with no worker, then with 2 worker processes draining the queue."""
+    connector = Connector(url)
+    queue = bench.fresh_queue(connector, "dispatch", bench.Noop)
+    notes: list[str] = []
+    args = [
+        ["--worker", url, queue.queue_name, str(tmp / f"{queue.queue_name}-{i}"), "--poll-interval", "1.0"]
+        for i in range(bench.PROCESSES)
+    ]
+    try:
+        alone = dispatch_rate(queue, count)
+        with bench.spawned(args, tmp, queue.queue_name, notes) as workers:
+
+            def drained() -> None:
+                bench.wait_drained(
+                    queue.pending_count, workers, began=time.perf_counter(), timeout=600, what="drain", may_exit=False
+                )
+
+            drained()
+            beside = dispatch_rate(queue, count)
+            drained()
+    finally:
+        queue.shutdown()
+        bench.drop_tables(connector)
+        for note in notes:
+            print(f"  note: {note}", flush=True)
+    return alone, beside
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--db", default="postgresql,mysql,sqlite")
@@ -102,6 +146,14 @@ def main() -> None:
                 print(
                     f"  dispatch() {figures['dispatch']:7.1f} us   bare INSERT + commit {figures['bare']:7.1f} us"
                     f"   {ratio:.2f}x",
+                    flush=True,
+                )
+            print(f"{db}: {args.calls:,} dispatch() calls from one thread, alone and beside 2 worker processes")
+            for _ in range(args.repeat):
+                alone, beside = with_workers(urls[db], args.calls, Path(tmp))
+                print(
+                    f"  alone {alone:8,.0f}/s   beside workers {beside:8,.0f}/s   {beside / alone:.2f}x"
+                    f"  [{bench._verdict(beside / alone >= 0.8)}]",
                     flush=True,
                 )
 

@@ -113,8 +113,7 @@ class Dialect:
     #: UPDATE … RETURNING: a claim in one statement.
     returning: bool = False
     #: Run on the connections of the store's own loops (claims, completions,
-    #: renewals), whose statements each name their rows: commits that need not
-    #: wait for the server's disk, locks on those rows only.
+    #: renewals): commits that need not wait for the server's disk.
     relaxed_session: str | None = None
     #: ``set_lock_wait(connection, milliseconds)`` where the driver itself
     #: waits for locks (SQLite's busy handler): set before each operation, from its timeout.

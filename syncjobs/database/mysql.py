@@ -68,10 +68,5 @@ MYSQL = Dialect(
     is_contention=_is_contention,
     is_connection_error=_is_connection_error,
     abort_handles=_abort_handles,
-    # Under REPEATABLE READ a claim's locking read also locks the gap after the
-    # last row it reads, where every new job goes: each dispatch waited for the
-    # claim's commit. The loops lock the rows they name; a dispatch retried
-    # after an ambiguous failure keeps REPEATABLE READ and its gap locks.
-    relaxed_session="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
     drivers=("pymysql", "MySQLdb", "mysql", "mariadb"),
 )
