@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
-from tests.helpers import WAIT
+from tests.helpers import WAIT, wait_until
 from tests.test_claim_floor import _Connection, fetcher_on
 from tests.test_database import drop_tables, execute, install_tables
 
@@ -45,43 +46,71 @@ class _CountingConnection(_Connection):
         return super().transaction(lambda cursor: operation(_CountingCursor(cursor, self.claims)), deadline=deadline)
 
 
-@pytest.mark.timeout(60)
-def test_jobs_that_come_during_the_rest_after_a_claim_come_in_one_claim(tmp_path: Any) -> None:
-    url = f"sqlite:///{tmp_path / 'jobs.db'}"
-    table = f"coalesce_{uuid.uuid4().hex[:8]}"
-    install_tables(url, table)
-    runner = _CountingConnection(url)
+class _Queue:
+    """A SQLite queue table, a fetcher's loop running over it in its own thread, and a way to add rows."""
 
-    def insert(job_id: str) -> None:
+    def __init__(self, tmp_path: Any, **options: Any) -> None:
+        self.url = f"sqlite:///{tmp_path / 'jobs.db'}"
+        self.table = f"fetch_{uuid.uuid4().hex[:8]}"
+        install_tables(self.url, self.table)
+        self.runner = _CountingConnection(self.url)
+        self.fetcher = fetcher_on(self.runner, self.table, poll_interval=600.0, **options)
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self.fetcher.loop, args=(self._stop,), name="test-fetcher")
+
+    def insert(self, job_id: str) -> None:
         execute(
-            url,
-            f"INSERT INTO {table} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at) "
+            self.url,
+            f"INSERT INTO {self.table} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at) "
             "VALUES (?, 'default', 'tests.probe', '{}', 'queued', 0, 3, 1.0, 1.0)",
             (job_id,),
         )
 
-    fetcher = fetcher_on(runner, table, poll_interval=600.0, prefetch=20, coalesce=0.5)
-    stop = threading.Event()
-    loop = threading.Thread(target=fetcher.loop, args=(stop,), name="test-fetcher")
-    loop.start()
+    def state(self, job_id: str) -> str:
+        return str(execute(self.url, f"SELECT state FROM {self.table} WHERE id = ?", (job_id,))[0][0])
+
+
+@contextlib.contextmanager
+def fetching(tmp_path: Any, **options: Any) -> Iterator[_Queue]:
+    queue = _Queue(tmp_path, **options)
+    queue._loop.start()
     try:
-        insert("job-first")
-        fetcher.kick()
-        first = fetcher.take()
+        yield queue
+    finally:
+        queue._stop.set()
+        queue.fetcher.stop()
+        queue.fetcher.wake(1)
+        queue._loop.join(WAIT)
+        queue.runner.conn.close()
+        drop_tables(queue.url, queue.table)
+    assert not queue._loop.is_alive()
+
+
+@pytest.mark.timeout(60)
+def test_jobs_that_come_during_the_rest_after_a_claim_come_in_one_claim(tmp_path: Any) -> None:
+    with fetching(tmp_path, prefetch=20, coalesce=0.5) as queue:
+        queue.insert("job-first")
+        queue.fetcher.kick()
+        first = queue.fetcher.take()
         assert first is not None
         assert first.id == "job-first"
-        claims_before = len(runner.claims)
+        claims_before = len(queue.runner.claims)
         for i in range(10):  # a stream: each one kicks, all within the rest of 0.5 s
-            insert(f"job-{i}")
-            fetcher.kick()
-        taken = [fetcher.take() for _ in range(10)]
+            queue.insert(f"job-{i}")
+            queue.fetcher.kick()
+        taken = [queue.fetcher.take() for _ in range(10)]
         assert sorted(e.id for e in taken if e is not None) == sorted(f"job-{i}" for i in range(10))
-        assert len(runner.claims) - claims_before == 1, runner.claims
-    finally:
-        stop.set()
-        fetcher.stop()
-        fetcher.wake(1)
-        loop.join(WAIT)
-        runner.conn.close()
-        drop_tables(url, table)
-    assert not loop.is_alive()
+        assert len(queue.runner.claims) - claims_before == 1, queue.runner.claims
+
+
+@pytest.mark.timeout(60)
+def test_a_run_taken_while_the_fetcher_rests_is_marked_running_in_time(tmp_path: Any) -> None:
+    # The fetcher rests after a short claim (prefetch 2, one row); a worker
+    # takes the claimed row during that rest, and its run must still be
+    # marked within about mark_after, not at the next poll (600 s here).
+    with fetching(tmp_path, prefetch=2) as queue:
+        queue.insert("job-slow")
+        queue.fetcher.kick()
+        wait_until(lambda: queue.state("job-slow") == "claimed", what="the claim, ahead of any worker")
+        assert queue.fetcher.take() is not None  # its run goes on: no outcome is written
+        wait_until(lambda: queue.state("job-slow") == "running", timeout=5.0, what="the mark of the run")

@@ -357,6 +357,8 @@ class Fetcher:
         look = self._next_look()
         with self._want:
             look = min(look, max(0.0, self._next_mark() - time.monotonic()))
+            if self._unstarted:  # a worker may take one while this rests: its mark is due mark_after later
+                look = min(look, self.mark_after)
         logger.debug("%d job(s) ready on queue %r; looking again in %.3gs or when woken", found, self.queue, look)
         if self._kick.wait(look):
             self._kick.clear()
