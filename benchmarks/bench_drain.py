@@ -32,7 +32,6 @@ import itertools
 import os
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import bench_claim_plan
 import bench_database as bench
 
 import syncjobs
@@ -125,21 +125,16 @@ def _pg_table_figures(connector: Connector) -> str:
 
 def claim_ms(connector: Connector, queue_name: str) -> float:
     """The median time of a claim that finds nothing (a rolled-back CLAIM_RETURNING), milliseconds."""
-    sql = POSTGRES.sql(queries.CLAIM_RETURNING, bench.TABLE)
     conn = connector.connect()
     try:
-        cursor = conn.cursor()
-        times = []
-        for _ in range(50):
-            cursor.execute("BEGIN")
-            began = time.perf_counter()
-            cursor.execute(sql, ("running", "bench", "token", 60.0, queue_name, FROM_START, 10))
-            cursor.fetchall()
-            times.append(time.perf_counter() - began)
-            cursor.execute("ROLLBACK")
+        return bench_claim_plan.claim_ms(
+            conn.cursor(),
+            POSTGRES.sql(queries.CLAIM_RETURNING, bench.TABLE),
+            50,
+            ("running", "bench", "token", 60.0, queue_name, FROM_START, 10),
+        )
     finally:
         conn.close()
-    return statistics.median(times) * 1000
 
 
 def _worker_args(connector: Connector, name: str, tmp: Path) -> list[list[str]]:
