@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import json.encoder
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .envelope import DeadLetter
@@ -15,6 +16,21 @@ from .job import Job
 # allow_nan=False: NaN and Infinity are not JSON; other parsers reject them.
 _encoder = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 _decode = json.loads
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# The C encoder behind _encoder, made once: JSONEncoder.encode() builds one
+# (and a closure) for every call, which cost more than the encoding itself.
+# No markers dict: a cycle ends in RecursionError, which encode() tells apart.
+_c_encoder = getattr(json.encoder, "c_make_encoder", None)
+_encode_chunks: Callable[[object, int], Sequence[str]] = (
+    _c_encoder(None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False)
+    if _c_encoder is not None
+    else lambda value, _: (_encoder.encode(value),)
+)
 # A lone surrogate: Python strings can hold one, UTF-8 (and so every database
 # driver) cannot; the memory backend refuses it too, so that backends agree.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -37,10 +53,13 @@ def encode(job: Job) -> str:
     if not isinstance(payload, dict):
         raise QueueError(f"job {job.NAME!r}: to_payload() must return a dict, got {type(payload).__name__}")
     try:
-        text = _encoder.encode(payload)
+        text = "".join(_encode_chunks(payload, 0))
     except (TypeError, ValueError) as exc:
         raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {describe_problem(payload)}") from exc
     except RecursionError as exc:
+        cycle = _find_or_none(payload)
+        if cycle is not None:
+            raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {cycle}") from exc
         raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
     if not text.isascii() and _SURROGATE.search(text):
         raise QueueError(f"job {job.NAME!r}: payload is not valid Unicode: {describe_problem(payload)}")
@@ -56,7 +75,12 @@ def encode(job: Job) -> str:
 
 def decode(text: str) -> dict[str, Any]:
     """The payload dict back from its JSON text."""
-    data = _decode(text)
+    try:
+        data, end = _scan_once(text, 0)
+    except StopIteration:  # not JSON where it starts (leading whitespace, say): json.loads says why
+        end = -1
+    if end != len(text):
+        data = _decode(text)
     if not isinstance(data, dict):
         raise ValueError(f"payload must be a JSON object, got {type(data).__name__}")
     return data
@@ -82,6 +106,14 @@ def describe_problem(payload: dict[str, Any]) -> str:
     except RecursionError:
         return "the payload is nested too deeply to say where"
     return problem or "a value changes in the round trip"
+
+
+def _find_or_none(payload: dict[str, Any]) -> str | None:
+    """The first field JSON cannot carry, or None when there is none or it is nested too deeply to find."""
+    try:
+        return _find(payload, "", set())
+    except RecursionError:
+        return None
 
 
 def _find(value: Any, path: str, seen: set[int]) -> str | None:

@@ -86,19 +86,24 @@ class StoreQueue:
 
     def dispatch(self, job: Job, *, delay: Delay = None) -> str:
         """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``."""
-        prepared = self.prepare(job, delay=delay)
-        prepared.submit()
-        return prepared.id
+        envelope, seconds = self._checked(job, delay)
+        self._store.put(envelope, seconds)
+        return envelope.id
 
     def prepare(self, job: Job, *, delay: Delay = None) -> Prepared:
         """Check ``job`` now and give it its id; ``submit()`` enqueues it later (say, on commit).
 
         Every check ``dispatch()`` makes happens here, where the mistake is.
         """
+        envelope, seconds = self._checked(job, delay)
+        return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds))
+
+    def _checked(self, job: Job, delay: Delay) -> tuple[Envelope, float]:
+        """The job's envelope and delay in seconds, or ``QueueError`` naming the job."""
         envelope = new_envelope(self._registry, job)
         seconds = delay_seconds(envelope.name, delay)
         self._check_envelope(envelope)
-        return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds))
+        return envelope, seconds
 
     def _check_envelope(self, envelope: Envelope) -> None:
         """What a backend refuses beyond the common checks; nothing here."""

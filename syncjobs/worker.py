@@ -36,6 +36,9 @@ logger = logging.getLogger("syncjobs")
 _IDLE_EXIT_BOUND = 1.0
 #: What popping a run that is no longer in ``WorkerPool._running`` returns.
 _GONE = object()
+#: Who decides whether a run begins (see ``_Run.decide``).
+_WORKER = object()
+_SHUTDOWN = object()
 
 
 class Outcome(enum.Enum):
@@ -71,7 +74,7 @@ RunWrapper = Callable[[], AbstractContextManager[object]]
 class _Run:
     """One run in progress; ``abandoned`` once shutdown has handed it back."""
 
-    __slots__ = ("abandoned", "context", "envelope", "info", "started")
+    __slots__ = ("_deciders", "abandoned", "context", "envelope", "info", "started")
 
     def __init__(self, envelope: Envelope) -> None:
         self.started = time.perf_counter()
@@ -81,6 +84,16 @@ class _Run:
         # at once, and what the job sets must not leak into its next run.
         self.context = envelope.context.copy()
         self.abandoned = False
+        self._deciders: list[object] = []
+
+    def decide(self, by: object) -> bool:
+        """Whether ``by`` is the first to decide if this run begins: the worker, or shutdown before it.
+
+        ``list.append`` is atomic, so the worker and shutdown agree on who
+        came first without a lock.
+        """
+        self._deciders.append(by)
+        return self._deciders[0] is by
 
 
 class _Slot:
@@ -143,11 +156,9 @@ class WorkerPool:
         self._dead_letters = dead_letters
         self._workers = workers
         self._clock = clock
-        # Guards admitting a run against shutdown's stop. A run's outcome is
-        # applied by whichever of the worker or shutdown pops it from _running:
-        # dict.pop is atomic, so the worker needs no lock to finish a run (a
-        # second shared lock per job formed lock convoys under the GIL, which
-        # halved throughput in one run out of two).
+        # Guards start, stop and shutdown against each other; workers never
+        # take it. A run's outcome is applied by whichever of the worker or
+        # shutdown pops it from _running (dict.pop is atomic).
         self._lock = threading.Lock()
         self._running: dict[_Run, None] = {}
         self._generation: _Generation | None = None
@@ -233,7 +244,10 @@ class WorkerPool:
         # One deadline shared by all workers, not grace per worker.
         self._wait_for_workers([future for _, future in generation.workers], deadline)
         with self._lock:
-            stranded = [run for run in list(self._running) if self._running.pop(run, _GONE) is not _GONE]
+            taken = [run for run in list(self._running) if self._running.pop(run, _GONE) is not _GONE]
+            # A run its worker had not begun yet is handed back as it is.
+            unbegun = [run for run in taken if run.decide(_SHUTDOWN)]
+            stranded = [run for run in taken if run not in unbegun]
             for run in stranded:
                 run.abandoned = True
             # Under the lock, each slot read once: a worker finishing its run
@@ -247,6 +261,8 @@ class WorkerPool:
         idle = [future for slot, future in generation.workers if id(slot) not in stuck]
         concurrent.futures.wait(idle, timeout=_IDLE_EXIT_BOUND)
         try:
+            for run in unbegun:
+                self._store.release(run.envelope)
             for run in stranded:
                 run.info.cancel()
                 envelope = run.envelope
@@ -311,23 +327,15 @@ class WorkerPool:
             envelope = store.claim(stopping)
             if envelope is None:
                 continue
-            run = _Run(envelope)
             limit = self._limit
-            left: int | None = None
-            with self._lock:
-                # Checked under the lock that shutdown sets it under: either
-                # shutdown sees this run, or this worker sees shutdown.
-                admitted = not stopping.is_set()
-                if admitted and limit is not None:
-                    left = limit.take()
-                    admitted = left is not None
-                if admitted:
-                    self._running[run] = None
-                    slot.run = run
-            if not admitted:
-                # Not run, so no attempt spent. Written outside the lock, which
-                # shutdown and the other workers need while the database is slow.
-                store.release(envelope)
+            left = None if limit is None else limit.take()
+            if limit is not None and left is None:
+                store.release(envelope)  # not run, so no attempt spent
+                return
+            run = _Run(envelope)
+            slot.run = run
+            if not self._admit(run, stopping):
+                slot.run = None
                 return
             if limit is not None and left == 0:
                 limit.reached()  # this run is the last one the limit allows
@@ -335,6 +343,25 @@ class WorkerPool:
                 self._apply(run, *self._execute(run))
             finally:
                 slot.run = None
+
+    def _admit(self, run: _Run, stopping: threading.Event) -> bool:
+        """Begin ``run`` unless shutdown has begun; a run not begun is handed back with no attempt spent.
+
+        No lock: one shared by every worker, taken once a job, formed lock
+        convoys under the GIL that halved throughput in some runs. Instead
+        the run is published before ``stopping`` is read, and shutdown sets
+        ``stopping`` before it reads the runs, so one of them sees the other;
+        where both do, ``decide()`` settles which hands the job back.
+        """
+        self._running[run] = None
+        # Two lines, so that a test can stop a worker between the read and the decision.
+        if not stopping.is_set():  # noqa: SIM102
+            if run.decide(_WORKER):
+                return True
+        if self._running.pop(run, _GONE) is not _GONE:
+            self._store.release(run.envelope)
+        # Otherwise shutdown took the run first, and hands it back.
+        return False
 
     def _execute(self, run: _Run) -> tuple[Outcome, str, Job | None, BaseException | None]:
         envelope = run.envelope
@@ -432,6 +459,9 @@ def _abandoned(run: _Run | None) -> bool:
 def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> None:
     token = set_current(info)
     try:
+        if not wrappers:  # an ExitStack costs more than a no-op run
+            job.run()
+            return
         with contextlib.ExitStack() as around:
             for wrapper in wrappers:
                 around.enter_context(wrapper())

@@ -79,6 +79,37 @@ def test_decode_refuses_anything_but_an_object() -> None:
         decode("[1, 2]")
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"a": [1, {"b": "é"}]}',  # as PostgreSQL's jsonb writes it
+        ' {"a":[1,{"b":"é"}]}',
+        '{"a":[1,{"b":"é"}]}\n',
+        '{\n  "a": [\n    1,\n    {"b": "é"}\n  ]\n}',
+    ],
+)
+def test_decode_reads_json_text_with_whitespace_around_and_within(text: str) -> None:
+    assert decode(text) == {"a": [1, {"b": "é"}]}
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"a":1} x', '{"a":1}{"b":2}', "nan"])
+def test_decode_refuses_what_is_not_one_json_object(text: str) -> None:
+    with pytest.raises(ValueError, match=r"Expecting|Extra data|must be a JSON object"):
+        decode(text)
+
+
+def test_a_payload_that_contains_itself_is_named_as_a_cycle() -> None:
+    @dataclasses.dataclass
+    class Loop(syncjobs.Job):
+        NAME = "tests.loop"
+        items: list[object]
+
+    items: list[object] = [1]
+    items.append(items)
+    with pytest.raises(syncjobs.QueueError, match=r"job 'tests.loop': .* field 'items\[1\]' contains itself"):
+        encode(Loop(items))
+
+
 def test_run_must_be_written() -> None:
     @dataclasses.dataclass
     class Lazy(syncjobs.Job):
