@@ -394,6 +394,43 @@ def test_sqlite_dispatch_gives_up_on_a_held_write_lock_within_its_timeout(
     assert queue.pending_count() == 1
 
 
+@pytest.mark.timeout(60)
+def test_sqlite_dispatch_takes_the_write_lock_within_milliseconds_of_its_release(
+    tmp_path: Path, queues: list[syncjobs.DatabaseJobQueue]
+) -> None:
+    """SQLite's busy handler sleeps longer as it waits (100 ms after 0.3 s); syncjobs tries every 1 ms at most."""
+    path = tmp_path / "jobs.db"
+    queue = make(f"sqlite:///{path}", queues)
+    queue.install_schema()
+    other = sqlite3.connect(path, isolation_level=None)
+    done = threading.Event()
+    finished_at: list[float] = []
+
+    def dispatch() -> None:
+        queue.dispatch(ProbeJob(Probe().id))
+        finished_at.append(time.monotonic())
+        done.set()
+
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process's writer, holding the write lock
+        dispatcher = threading.Thread(target=dispatch)
+        began = time.monotonic()
+        dispatcher.start()
+        # The writer's transaction lasts 0.45 s: the fault, not a synchronisation.
+        assert not done.wait(0.45), "the dispatch went in under a held write lock"
+        other.execute("ROLLBACK")
+        released = time.monotonic()
+        dispatcher.join(WAIT)
+    finally:
+        other.close()
+    assert finished_at, "the dispatch never went in"
+    assert finished_at[0] - released < 0.04, (
+        f"the dispatch went in {1000 * (finished_at[0] - released):.0f} ms after the lock was released "
+        f"({1000 * (released - began):.0f} ms after it began)"
+    )
+    assert queue.pending_count() == 1
+
+
 # -- item 13: MySQL/MariaDB's clock in a zone with daylight saving ------------------------
 
 

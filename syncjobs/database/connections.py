@@ -53,6 +53,10 @@ DEFAULT_POOL_SIZE = 4
 #: the server's own statement timeout, so that the server's error comes first
 #: when the network is fine.
 ATTEMPT_TIMEOUT = STATEMENT_TIMEOUT + 5.0
+#: The first and the longest wait between tries of an operation that met a
+#: lock, where connections do not wait for locks themselves (SQLite): a
+#: dispatch takes about 0.1 ms, and a worker holds the write lock for a few tenths.
+LOCK_STEPS = (0.00002, 0.001)
 #: How often the watchdog looks while operations come and go; after this
 #: many looks with none in flight it waits to be notified.
 WATCHDOG_TICK = 0.5
@@ -86,7 +90,6 @@ class _Connection:
         #: One thread's own (a loop's), not the pool's.
         self.dedicated = False
         #: The lock wait last set on the session (SQLite's busy timeout), in milliseconds.
-        self.lock_wait_ms: int | None = None
 
     def abort(self) -> None:
         self.aborted = True
@@ -283,7 +286,7 @@ class Connections:
         try:
             # The first try outside tenacity: most operations succeed at once,
             # and a retry loop costs as much as the rest of a call.
-            return self._attempt(operation, endtime)
+            return self._attempt_past_locks(operation, endtime)
         except Exception as exc:
             if not self._is_transient(exc):
                 raise
@@ -297,7 +300,7 @@ class Connections:
                         failed, first = first, None
                         raise failed
                     try:
-                        return self._attempt(operation, endtime)
+                        return self._attempt_past_locks(operation, endtime)
                     except Exception as exc:
                         if not isinstance(exc, _OutOfTime):
                             previous = exc
@@ -405,6 +408,28 @@ class Connections:
             state = self._state = _ProcessState()
         return state
 
+    def _attempt_past_locks(self, operation: Callable[[Any], T], endtime: float | None) -> T:
+        """One attempt; where connections do not wait for locks, tried again in short steps until its end."""
+        if self.dialect.no_lock_wait is None:
+            return self._attempt(operation, endtime)
+        try:
+            return self._attempt(operation, endtime)
+        except Exception as exc:
+            if not self.connector.is_contention(exc):
+                raise
+        give_up = time.monotonic() + ATTEMPT_TIMEOUT
+        if endtime is not None:
+            give_up = min(give_up, endtime)
+        for attempt in tenacity.Retrying(
+            retry=tenacity.retry_if_exception(self.connector.is_contention),
+            wait=tenacity.wait_random_exponential(multiplier=LOCK_STEPS[0], max=LOCK_STEPS[1]),
+            stop=lambda state: time.monotonic() + LOCK_STEPS[1] >= give_up,
+            reraise=True,
+        ):
+            with attempt:
+                return self._attempt(operation, endtime)
+        raise AssertionError("unreachable: tenacity re-raises")  # pragma: no cover
+
     def _attempt(self, operation: Callable[[Any], T], endtime: float | None) -> T:
         state = self._current()
         conn = self._acquire(state, endtime)
@@ -413,7 +438,6 @@ class Connections:
             attempt_end = time.monotonic() + ATTEMPT_TIMEOUT
             if endtime is not None:
                 attempt_end = min(attempt_end, endtime)
-            self._bound_lock_wait(conn, attempt_end)
             token = state.watchdog.arm(conn, attempt_end)
             try:
                 cursor = conn.raw.cursor()
@@ -436,20 +460,6 @@ class Connections:
             raise
         finally:
             self._release(state, conn, healthy)
-
-    def _bound_lock_wait(self, conn: _Connection, endtime: float) -> None:
-        """Where the driver waits for locks itself (SQLite's busy handler), no longer than the attempt."""
-        set_lock_wait = self.dialect.set_lock_wait
-        if set_lock_wait is None:
-            return
-        wait_ms = max(1, int((endtime - time.monotonic()) * 1000))
-        # Set again only when the one set would outlast this attempt or is far
-        # shorter: a statement per operation costs a fifth of a dispatch.
-        current = conn.lock_wait_ms
-        if current is None or current > wait_ms or current < wait_ms // 2:
-            target = max(1, wait_ms * 9 // 10)
-            set_lock_wait(conn.raw, target)
-            conn.lock_wait_ms = target
 
     def _acquire(self, state: _ProcessState, endtime: float | None) -> _Connection:
         if self._retired and threading.current_thread() in self._retired:
@@ -527,12 +537,16 @@ class Connections:
     def _connect(self, relaxed: bool) -> _Connection:
         raw = self.connector.connect()
         try:
-            if relaxed and self.dialect.relaxed_session:
-                cursor = raw.cursor()
-                try:
-                    cursor.execute(self.dialect.relaxed_session)
-                finally:
-                    cursor.close()
+            session = [self.dialect.no_lock_wait]
+            if relaxed:
+                session.append(self.dialect.relaxed_session)
+            cursor = raw.cursor()
+            try:
+                for statement in session:
+                    if statement:
+                        cursor.execute(statement)
+            finally:
+                cursor.close()
             abort, close = self.dialect.abort_handles(raw)
         except BaseException:
             with contextlib.suppress(Exception):

@@ -115,9 +115,12 @@ class Dialect:
     #: Run on the connections of the store's own loops (claims, completions,
     #: renewals): commits that need not wait for the server's disk.
     relaxed_session: str | None = None
-    #: ``set_lock_wait(connection, milliseconds)`` where the driver itself
-    #: waits for locks (SQLite's busy handler): set before each operation, from its timeout.
-    set_lock_wait: Callable[[Any, int], None] | None = None
+    #: Run on each connection the store opens where the driver's own wait for
+    #: a lock sleeps too long (SQLite's busy handler sleeps 1 ms, then 2, then
+    #: 5, where a write lock is held for a tenth of that): a locked database
+    #: then fails at once, and the operation is tried again in steps from
+    #: :data:`~.connections.LOCK_STEPS` until its attempt's end.
+    no_lock_wait: str | None = None
     #: ``now`` read once per statement, for WHERE clauses, where a volatile
     #: clock would be a filter run on every row rather than an index
     #: condition (``None``: ``now`` already is).

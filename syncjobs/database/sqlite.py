@@ -1,4 +1,4 @@
-"""SQLite through the standard library: WAL, a busy timeout, and its write lock as the claim lock."""
+"""SQLite through the standard library: WAL, locks waited for in short steps, and its write lock as the claim lock."""
 
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ def _connect(driver: Any, url: str, parts: SplitResult, connect_args: Mapping[st
         raise QueueError("a SQLite queue needs a file: sqlite:///path/to/jobs.db")
     if connect_args:
         raise QueueError(f"a SQLite queue takes no connect arguments, got {', '.join(sorted(connect_args))}")
-    # The busy timeout is set again before each operation, from its timeout.
     conn = sqlite3.connect(path, timeout=LOCK_TIMEOUT, isolation_level=None, check_same_thread=False)
     # Text that is not valid UTF-8 (SQLite stores whatever it is given) is
     # read with the bad bytes escaped rather than failing the whole query:
@@ -40,10 +39,6 @@ def _connect(driver: Any, url: str, parts: SplitResult, connect_args: Mapping[st
 
 def _abort_handles(conn: sqlite3.Connection) -> AbortHandles:
     return conn.interrupt, conn.close
-
-
-def _set_lock_wait(conn: sqlite3.Connection, milliseconds: int) -> None:
-    conn.execute(f"PRAGMA busy_timeout = {int(milliseconds)}")
 
 
 def _text(value: bytes) -> str:
@@ -75,6 +70,6 @@ SQLITE = Dialect(
     is_connection_error=_is_connection_error,
     abort_handles=_abort_handles,
     returning=True,
-    set_lock_wait=_set_lock_wait,
+    no_lock_wait="PRAGMA busy_timeout = 0",
     drivers=("sqlite3", "pysqlite2", "pysqlite3"),
 )
