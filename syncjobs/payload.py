@@ -6,7 +6,8 @@ import json
 import json.encoder
 import math
 import re
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .envelope import DeadLetter
@@ -22,15 +23,32 @@ def _refuse(value: object) -> object:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-# The C encoder behind _encoder, made once: JSONEncoder.encode() builds one
-# (and a closure) for every call, which cost more than the encoding itself.
-# No markers dict: a cycle ends in RecursionError, which encode() tells apart.
+# The C encoder behind _encoder, made once per thread: JSONEncoder.encode()
+# builds one (and a closure) for every call, which cost more than the
+# encoding itself. Per thread, because its dict of the containers being
+# encoded (what finds a cycle at once) is its own.
 _c_encoder = getattr(json.encoder, "c_make_encoder", None)
-_encode_chunks: Callable[[object, int], Sequence[str]] = (
-    _c_encoder(None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False)
-    if _c_encoder is not None
-    else lambda value, _: (_encoder.encode(value),)
-)
+_per_thread = threading.local()
+
+
+def _encode_text(payload: dict[str, Any]) -> str:
+    if _c_encoder is None:
+        return _encoder.encode(payload)
+    try:
+        encode_chunks, markers = _per_thread.encoder
+    except AttributeError:
+        markers = {}
+        encode_chunks = _c_encoder(
+            markers, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False
+        )
+        _per_thread.encoder = encode_chunks, markers
+    try:
+        return "".join(encode_chunks(payload, 0))
+    except BaseException:
+        markers.clear()  # what the failed call was encoding stays in it
+        raise
+
+
 # A lone surrogate: Python strings can hold one, UTF-8 (and so every database
 # driver) cannot; the memory backend refuses it too, so that backends agree.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -53,13 +71,10 @@ def encode(job: Job) -> str:
     if not isinstance(payload, dict):
         raise QueueError(f"job {job.NAME!r}: to_payload() must return a dict, got {type(payload).__name__}")
     try:
-        text = "".join(_encode_chunks(payload, 0))
+        text = _encode_text(payload)
     except (TypeError, ValueError) as exc:
         raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {describe_problem(payload)}") from exc
     except RecursionError as exc:
-        cycle = _find_or_none(payload)
-        if cycle is not None:
-            raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {cycle}") from exc
         raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
     if not text.isascii() and _SURROGATE.search(text):
         raise QueueError(f"job {job.NAME!r}: payload is not valid Unicode: {describe_problem(payload)}")
@@ -77,7 +92,7 @@ def decode(text: str) -> dict[str, Any]:
     """The payload dict back from its JSON text."""
     try:
         data, end = _scan_once(text, 0)
-    except StopIteration:  # not JSON where it starts (leading whitespace, say): json.loads says why
+    except (StopIteration, TypeError):  # not JSON where it starts (leading whitespace, say), or bytes
         end = -1
     if end != len(text):
         data = _decode(text)
@@ -106,14 +121,6 @@ def describe_problem(payload: dict[str, Any]) -> str:
     except RecursionError:
         return "the payload is nested too deeply to say where"
     return problem or "a value changes in the round trip"
-
-
-def _find_or_none(payload: dict[str, Any]) -> str | None:
-    """The first field JSON cannot carry, or None when there is none or it is nested too deeply to find."""
-    try:
-        return _find(payload, "", set())
-    except RecursionError:
-        return None
 
 
 def _find(value: Any, path: str, seen: set[int]) -> str | None:

@@ -327,25 +327,18 @@ class WorkerPool:
             envelope = store.claim(stopping)
             if envelope is None:
                 continue
-            limit = self._limit
-            left = None if limit is None else limit.take()
-            if limit is not None and left is None:
-                store.release(envelope)  # not run, so no attempt spent
-                return
             run = _Run(envelope)
             slot.run = run
             if not self._admit(run, stopping):
                 slot.run = None
                 return
-            if limit is not None and left == 0:
-                limit.reached()  # this run is the last one the limit allows
             try:
                 self._apply(run, *self._execute(run))
             finally:
                 slot.run = None
 
     def _admit(self, run: _Run, stopping: threading.Event) -> bool:
-        """Begin ``run`` unless shutdown has begun; a run not begun is handed back with no attempt spent.
+        """Begin ``run`` unless shutdown has begun or the limit is reached; a run not begun is handed back unspent.
 
         No lock: one shared by every worker, taken once a job, formed lock
         convoys under the GIL that halved throughput in some runs. Instead
@@ -354,9 +347,16 @@ class WorkerPool:
         where both do, ``decide()`` settles which hands the job back.
         """
         self._running[run] = None
-        # Two lines, so that a test can stop a worker between the read and the decision.
-        if not stopping.is_set():  # noqa: SIM102
-            if run.decide(_WORKER):
+        limit = self._limit
+        # Separate lines, so that a test can stop a worker between the read and the decision.
+        if not stopping.is_set():
+            # Taken once stopping is read unset: a run the limit allows then
+            # begins, unless shutdown takes it first (and a run that comes to
+            # the limit's stop_claiming() counts it as begun).
+            left = None if limit is None else limit.take()
+            if (limit is None or left is not None) and run.decide(_WORKER):
+                if limit is not None and left == 0:
+                    limit.reached()  # this run is the last one the limit allows
                 return True
         if self._running.pop(run, _GONE) is not _GONE:
             self._store.release(run.envelope)

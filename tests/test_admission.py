@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import syncjobs
-from syncjobs.worker import WorkerPool
+from syncjobs.worker import RunLimit, WorkerPool
 from tests.helpers import WAIT, OnceJob, Probe
 
 _ADMIT = WorkerPool._admit.__code__
@@ -63,10 +63,14 @@ def probe() -> Iterator[Probe]:
     probe.release.set()
 
 
-def _queue_paused_at(line: int, probe: Probe) -> tuple[syncjobs.InMemoryJobQueue, PauseAt, list[syncjobs.DeadLetter]]:
-    """A started queue whose one worker has claimed ``probe``'s job and stands before ``line``."""
-    queue = syncjobs.InMemoryJobQueue(1)
+def _queue_paused_at(
+    line: int, probe: Probe, *, workers: int = 1, limit: int | None = None
+) -> tuple[syncjobs.InMemoryJobQueue, PauseAt, list[syncjobs.DeadLetter]]:
+    """A started queue whose first worker has claimed ``probe``'s job and stands before ``line``."""
+    queue = syncjobs.InMemoryJobQueue(workers)
     queue.register(OnceJob)
+    if limit is not None:
+        queue.limit_runs(RunLimit(limit, queue.stop_claiming))  # as ``syncjobs worker --max-jobs`` does
     dead: list[syncjobs.DeadLetter] = []
     queue.on_dead_letter(dead.append)
     pause = PauseAt(line)
@@ -86,7 +90,7 @@ def _queue_paused_at(line: int, probe: Probe) -> tuple[syncjobs.InMemoryJobQueue
     [
         "self._running[run] = None",  # not yet published: shutdown finds nothing to take
         "if not stopping.is_set():",  # published: shutdown takes it before the worker reads the flag
-        "if run.decide(_WORKER):",  # the flag read unset: shutdown takes it and decides first
+        "left = None if limit is None else limit.take()",  # the flag read unset: shutdown takes it and decides first
     ],
 )
 def test_a_run_shutdown_stops_before_it_begins_waits_in_the_queue_unspent(line: str, probe: Probe) -> None:
@@ -116,3 +120,22 @@ def test_a_run_that_began_when_shutdown_stops_it_has_its_attempt_spent(probe: Pr
     pause.resume()
     probe.wait_finished(1)
     assert queue.pending_count() == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_run_the_limit_allowed_begins_though_the_last_one_stopped_claiming_meanwhile(probe: Probe) -> None:
+    """With ``--max-jobs 2``, every run the limit allows begins, or the worker would wait for it forever."""
+    queue, pause, dead = _queue_paused_at(
+        _line_of("if (limit is None or left is not None) and run.decide(_WORKER):"), probe, workers=2, limit=2
+    )
+    # The first worker took 1 of the 2 runs and stands before beginning it;
+    # the second takes the last, and the limit stops the queue claiming.
+    second = Probe("ok")
+    queue.dispatch(OnceJob(second.id))
+    second.wait_finished(1)
+    assert probe.runs == []
+    pause.resume()
+    probe.wait_finished(1)
+    assert queue.pending_count() == 0
+    assert dead == []
+    queue.shutdown()

@@ -398,7 +398,7 @@ def test_sqlite_dispatch_gives_up_on_a_held_write_lock_within_its_timeout(
 def test_sqlite_dispatch_takes_the_write_lock_within_milliseconds_of_its_release(
     tmp_path: Path, queues: list[syncjobs.DatabaseJobQueue]
 ) -> None:
-    """SQLite's busy handler sleeps longer as it waits (100 ms after 0.3 s); syncjobs tries every 1 ms at most."""
+    """SQLite's busy handler sleeps longer as it waits (100 ms after 0.3 s); syncjobs tries every 10 ms at most."""
     path = tmp_path / "jobs.db"
     queue = make(f"sqlite:///{path}", queues)
     queue.install_schema()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import sqlite3
 import threading
 import time
 import uuid
@@ -13,13 +14,25 @@ from typing import Any
 import pytest
 
 import syncjobs
-from syncjobs.database.dialects import SQLITE, dialect_for
+from syncjobs.database import queries
+from syncjobs.database.dialects import SQLITE, Connector, dialect_for
+from syncjobs.database.intake import Intake
 from syncjobs.database.schema import SCHEMA_VERSION, ddl
+from syncjobs.registry import Registry
 from tests.conftest import TEST_TABLE
 from tests.dbworker import KillerJob, Ledger, OnceLedgerJob
 from tests.faultproxy import FaultProxy
 from tests.helpers import WAIT, Probe, ProbeJob, wait_until
-from tests.test_database import Workers, dispatcher, drop_tables, execute, make, user_connection, wait_marked
+from tests.test_database import (
+    Workers,
+    dispatcher,
+    drop_tables,
+    execute,
+    install_tables,
+    make,
+    user_connection,
+    wait_marked,
+)
 
 
 def rows_of(url: str, queue: str) -> list[tuple[Any, ...]]:
@@ -354,3 +367,43 @@ def test_a_populated_version_2_table_is_upgraded_in_place(db_url: str, queues: l
         assert sorted(job_id for (job_id,) in finished) == sorted(ids)
     finally:
         drop_tables(db_url, table)
+
+
+@pytest.mark.timeout(60)
+def test_a_dispatch_refused_by_a_lock_tries_its_plain_insert_again(tmp_path: Any) -> None:
+    """A try that met a lock wrote nothing: the next is the plain insert, not the slower idempotent one."""
+    path = tmp_path / "jobs.db"
+    url = f"sqlite:///{path}"
+    install_tables(url, TEST_TABLE)
+    sql = {name: SQLITE.sql(text, TEST_TABLE) for name, text in vars(queries).items() if name.isupper()}
+    connector = Connector(url)
+    intake = Intake(sql, SQLITE, lambda: "default", connector.is_contention)
+    job = syncjobs.queue.new_envelope(_registry_of(ProbeJob), ProbeJob(Probe().id))
+    insert = intake.operation(
+        [(job, 0.0)], [(job.id, "default", job.name, job.payload, None, job.max_attempts, 0.0)], own_transaction=True
+    )
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    holder = sqlite3.connect(path, isolation_level=None)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        holder.execute("BEGIN IMMEDIATE")  # another process's writer
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            insert(conn.cursor())
+        holder.execute("ROLLBACK")
+        statements.clear()
+        insert(conn.cursor())
+    finally:
+        conn.close()
+        holder.close()
+    # One autocommitted INSERT: no transaction, no ON CONFLICT, no look for a tombstone.
+    assert len(statements) == 1, statements
+    assert statements[0].startswith(f"INSERT INTO {TEST_TABLE} ("), statements
+    assert "CONFLICT" not in statements[0], statements
+    assert execute(url, f"SELECT id FROM {TEST_TABLE}") == [(job.id,)]
+
+
+def _registry_of(job_cls: type[syncjobs.Job]) -> Registry:
+    registry = Registry()
+    registry.register(job_cls)
+    return registry

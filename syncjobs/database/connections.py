@@ -55,8 +55,9 @@ DEFAULT_POOL_SIZE = 4
 ATTEMPT_TIMEOUT = STATEMENT_TIMEOUT + 5.0
 #: The first and the longest wait between tries of an operation that met a
 #: lock, where connections do not wait for locks themselves (SQLite): a
-#: dispatch takes about 0.1 ms, and a worker holds the write lock for a few tenths.
-LOCK_STEPS = (0.00002, 0.001)
+#: dispatch takes about 0.1 ms, and a worker holds the write lock for a few
+#: tenths; a lock held far longer is tried about 200 times a second.
+LOCK_STEPS = (0.00002, 0.01)
 #: How often the watchdog looks while operations come and go; after this
 #: many looks with none in flight it waits to be notified.
 WATCHDOG_TICK = 0.5

@@ -39,10 +39,17 @@ PACKET_MARGIN = 4096
 
 
 class Intake:
-    def __init__(self, sql: dict[str, str], dialect: Dialect, channel: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        sql: dict[str, str],
+        dialect: Dialect,
+        channel: Callable[[], str],
+        is_contention: Callable[[BaseException], bool],
+    ) -> None:
         self._sql = sql
         self._dialect = dialect
         self._channel = channel
+        self._is_contention = is_contention
         self._insert_cache: dict[int, str] = {}
         #: MySQL's max_allowed_packet, read once (on the first dispatch).
         self._packet_limit: int | None = None
@@ -76,17 +83,24 @@ class Intake:
         """``insert(cursor)`` for :meth:`DatabaseStore.run`: a plain insert first, an idempotent one when tried again.
 
         ``own_transaction``: a retry opens and commits its own transaction
-        (the first try was one autocommitted statement).
+        (the first try was one autocommitted statement). A try refused by
+        contention (a lock, a deadlock) wrote nothing, so the next one is
+        plain again: the idempotent one holds locks longer, just when others
+        wait for them.
         """
-        tries = 0
+        plain = True
 
         def insert(cursor: Any) -> None:
-            nonlocal tries
-            tries += 1
+            nonlocal plain
             batches = self._batches(cursor, items, params)
-            if tries == 1:
-                for batch in batches:
-                    cursor.execute(self.insert_sql(len(batch)), self._flat(batch))
+            if plain:
+                plain = False  # until this try is known to have written nothing
+                try:
+                    for batch in batches:
+                        cursor.execute(self.insert_sql(len(batch)), self._flat(batch))
+                except Exception as exc:
+                    plain = self._is_contention(exc)
+                    raise
                 return
             if not own_transaction:
                 self._insert_absent(cursor, batches)

@@ -90,7 +90,7 @@ class DatabaseStore:
             on_dead=self._dead_by_fetcher,
             hold=self._hold,
         )
-        self._intake = Intake(self._sql, self.dialect, lambda: self.channel)
+        self._intake = Intake(self._sql, self.dialect, lambda: self.channel, connector.is_contention)
         # Each open() builds its own: the leases this process holds, the loops
         # (each with its own stop event), the outcome writer, the listener.
         self._leases = Leases()
