@@ -19,7 +19,7 @@ from syncjobs.database.dialects import SQLITE, Connector, dialect_for
 from syncjobs.database.intake import Intake
 from syncjobs.database.schema import SCHEMA_VERSION, ddl
 from syncjobs.registry import Registry
-from tests.conftest import TEST_TABLE
+from tests.conftest import SERVER_URLS, TEST_TABLE, _reachable
 from tests.dbworker import KillerJob, Ledger, OnceLedgerJob
 from tests.faultproxy import FaultProxy
 from tests.helpers import WAIT, Probe, ProbeJob, wait_until
@@ -407,3 +407,80 @@ def _registry_of(job_cls: type[syncjobs.Job]) -> Registry:
     registry = Registry()
     registry.register(job_cls)
     return registry
+
+
+class _PausingCursor:
+    """A cursor that stops after its first statement containing ``after`` until released."""
+
+    def __init__(self, cursor: Any, after: str) -> None:
+        self._cursor = cursor
+        self._after = after
+        self.paused = threading.Event()
+        self.release = threading.Event()
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        result = self._cursor.execute(sql, params)
+        if self._after in sql and not self.paused.is_set():
+            self.paused.set()
+            assert self.release.wait(WAIT), "the test never released the cursor"
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+class _LostReply:
+    """A cursor whose INSERT's reply never comes (the INSERT itself is not sent)."""
+
+    def __init__(self, cursor: Any) -> None:
+        self._cursor = cursor
+
+    def execute(self, sql: str, params: Any = ()) -> Any:
+        if sql.startswith("INSERT"):
+            raise OSError("the connection dropped before the reply")
+        return self._cursor.execute(sql, params)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+@pytest.mark.timeout(120)
+def test_a_dispatch_tried_again_on_mysql_keeps_a_late_first_try_out_until_it_commits() -> None:
+    # The check of a dispatch tried again takes gap locks on the ids it did
+    # not find (REPEATABLE READ, the store's sessions' level): a first try that
+    # reaches the server late waits until the check's insert has committed,
+    # and never slips in between. Under READ COMMITTED it would.
+    server_url = _reachable("mysql", SERVER_URLS["mysql"])
+    table = f"gap_{uuid.uuid4().hex[:10]}"
+    install_tables(server_url, table)
+    connector = Connector(server_url)
+    dialect = connector.dialect
+    sql = {name: dialect.sql(text, table) for name, text in vars(queries).items() if name.isupper()}
+    intake = Intake(sql, dialect, lambda: "default", connector.is_contention)
+    job = syncjobs.queue.new_envelope(_registry_of(ProbeJob), ProbeJob(Probe().id))
+    row = (job.id, "default", job.name, job.payload, None, job.max_attempts, 0.0)
+    insert = intake.operation([(job, 0.0)], [row], own_transaction=True)
+    store_conn, late = connector.connect(), connector.connect()
+    try:
+        with pytest.raises(OSError, match="dropped"):
+            insert(_LostReply(store_conn.cursor()))  # ambiguous: the next try is the checking one
+        late.cursor().execute("SET innodb_lock_wait_timeout = 1")
+        cursor = _PausingCursor(store_conn.cursor(), after="FOR UPDATE")
+        retry = threading.Thread(target=insert, args=(cursor,))
+        retry.start()
+        try:
+            assert cursor.paused.wait(WAIT)
+            with pytest.raises(Exception, match="Lock wait timeout") as refused:
+                late.cursor().execute(intake.insert_sql(1), list(row))
+            assert connector.is_contention(refused.value)
+        finally:
+            cursor.release.set()
+            retry.join(WAIT)
+        assert not retry.is_alive()
+    finally:
+        store_conn.close()
+        late.close()
+    try:
+        assert execute(server_url, f"SELECT id FROM {table}") == [(job.id,)]
+    finally:
+        drop_tables(server_url, table)

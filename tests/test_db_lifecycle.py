@@ -301,6 +301,48 @@ def test_a_write_that_fails_after_the_flush_deadline_is_left_to_its_lease_at_onc
     assert leases.tokens() == []
 
 
+@pytest.mark.timeout(30)
+def test_a_coalescing_writer_writes_the_first_outcome_at_once_and_the_stream_after_it_in_one_commit() -> None:
+    stopping = threading.Event()
+    batches: list[list[str]] = []
+
+    def complete(batch: list[Any], deadline: float) -> int:
+        batches.append([envelope.id for envelope in batch])
+        return len(batch)
+
+    leases = background.Leases()
+    writer = background.OutcomeWriter(
+        None,  # type: ignore[arg-type]  # completions only: no fenced UPDATE reaches the database
+        leases,
+        complete=complete,
+        lease=30.0,
+        coalesce=600.0,  # longer than the test: only the stop ends the wait
+    )
+    envelopes = [Envelope(f"job-{i}", "tests.probe", "{}", 3, lease=f"token-{i}") for i in range(4)]
+    leases.hold([envelope.lease for envelope in envelopes])
+    thread = threading.Thread(target=writer.loop, args=(stopping,), name="test-writer")
+    thread.start()
+    try:
+        writer.complete(envelopes[0])
+        wait_until(lambda: batches == [["job-0"]], what="the first outcome, written at once")
+        writer.complete(envelopes[1])
+        # Within the window nothing more is written (a writer that does not
+        # coalesce writes it within microseconds).
+        watched_until = time.monotonic() + 0.3
+        while time.monotonic() < watched_until:
+            assert batches == [["job-0"]]
+            stopping.wait(0.01)
+        for envelope in envelopes[2:]:
+            writer.complete(envelope)
+    finally:
+        stopping.set()  # close(): what waits is written now, not at the window's end
+        writer.wake()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+    assert batches == [["job-0"], ["job-1", "job-2", "job-3"]]
+    assert leases.tokens() == []
+
+
 @pytest.mark.timeout(90)
 def test_open_shutdown_open_leaves_exactly_one_fetcher(
     server_url: str, proxy: FaultProxy, server_table: str, made: list[syncjobs.DatabaseJobQueue]

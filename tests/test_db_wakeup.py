@@ -9,6 +9,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,3 +250,85 @@ def test_a_listener_resting_between_wake_ups_stops_at_once(tmp_path: Path) -> No
         wait_until(lambda: len(kicks) == 1, what="the first kick")
         waker.wake()  # comes while it rests for NEVER seconds: no kick for it
     assert len(kicks) == 1
+
+
+def _bound_socket(directory: Path, name: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(directory / f"{name}.sock"))
+    sock.settimeout(WAIT)
+    return sock
+
+
+def _woken(sock: socket.socket) -> bool:
+    try:
+        sock.recv(16, socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return False
+    return True
+
+
+@pytest.fixture
+def wake_dir(tmp_path: Path) -> Iterator[Path]:
+    directory = tmp_path / "wake"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+@pytest.mark.timeout(60)
+def test_a_dispatch_lists_the_wake_directory_again_only_when_a_worker_came_or_went(
+    wake_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listings: list[str] = []
+    scandir = os.scandir
+
+    def counted(path: Any) -> Any:
+        listings.append(str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(wakeup.os, "scandir", counted)
+    first = _bound_socket(wake_dir, "first")
+    os.utime(wake_dir, ns=(0, 1_000_000_000))  # its last change long past: the listing can be kept
+    waker = wakeup.Waker(wake_dir)
+    with first, contextlib.closing(waker):
+        for _ in range(50):
+            waker.wake()
+        assert len(listings) == 1
+        assert first.recv(16) == b""
+        with _bound_socket(wake_dir, "second") as second:  # a worker comes: the directory's mtime moves
+            waker.wake()
+            assert len(listings) == 2
+            assert second.recv(16) == b""
+            assert _woken(first)
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_binds_within_the_mtime_tick_of_the_listing_is_woken(wake_dir: Path) -> None:
+    # A coarse file system clock: the second socket's bind leaves the
+    # directory's mtime as it was when the first listing was made.
+    first = _bound_socket(wake_dir, "first")
+    waker = wakeup.Waker(wake_dir)
+    with first, contextlib.closing(waker):
+        stamp = os.stat(wake_dir).st_mtime_ns
+        waker.wake()
+        assert first.recv(16) == b""
+        with _bound_socket(wake_dir, "second") as second:
+            os.utime(wake_dir, ns=(stamp, stamp))
+            waker.wake()
+            assert second.recv(16) == b""
+
+
+@pytest.mark.timeout(60)
+def test_a_socket_removed_after_the_listing_is_skipped_and_the_others_are_woken(wake_dir: Path) -> None:
+    gone = _bound_socket(wake_dir, "a-gone")
+    kept = _bound_socket(wake_dir, "b-kept")
+    os.utime(wake_dir, ns=(0, 1_000_000_000))
+    waker = wakeup.Waker(wake_dir)
+    with kept, contextlib.closing(waker):
+        waker.wake()
+        assert gone.recv(16) == b""
+        assert kept.recv(16) == b""
+        gone.close()  # its process died: the file stays, nobody reads it
+        os.utime(wake_dir, ns=(0, 1_000_000_000))  # and the kept listing is used
+        waker.wake()
+        assert kept.recv(16) == b""
+        assert not (wake_dir / "a-gone.sock").exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import math
 import os
 import socket
 import threading
@@ -32,6 +33,10 @@ T = TypeVar("T")
 
 #: How long the outcome writer waits between two tries of a write that failed.
 RETRY_PAUSE = 0.5
+#: How often at most an outcome writer that coalesces writes: the outcomes of
+#: a stream of short jobs then share one commit. One after a quiet spell is
+#: written at once.
+WRITE_COALESCE = 0.01
 #: The listener's connection must answer a query this often, within this many seconds.
 LISTENER_CHECK_EVERY = 5.0
 LISTENER_CHECK_WITHIN = 5.0
@@ -167,7 +172,9 @@ class _Write:
 class OutcomeWriter:
     """Writes every outcome from its own thread, so that no worker waits on the database for long.
 
-    Completions are deleted in batches (one commit for many jobs). A write that
+    Completions are deleted in batches (one commit for many jobs); with
+    ``coalesce``, a writer that wrote less than that many seconds ago waits
+    out the rest, so that more share the commit. A write that
     fails is tried again until it lands or a lease has passed since the run
     ended; then its token is dropped from :class:`Leases`, the lease expires,
     and the job runs again (at-least-once).
@@ -181,8 +188,10 @@ class OutcomeWriter:
         complete: Callable[[list[Envelope], float], int],
         lease: float,
         settled: Callable[[list[Envelope]], None] = lambda envelopes: None,
+        coalesce: float = 0.0,
     ) -> None:
         self._db = db
+        self._coalesce = coalesce
         self._leases = leases
         #: Writes the completions of a batch as one commit, within a timeout; how many rows it deleted.
         self._complete = complete
@@ -230,16 +239,20 @@ class OutcomeWriter:
 
     def loop(self, stopping: threading.Event) -> None:
         retry: list[_Write] = []
+        last_write = -math.inf
         while True:
             with self._cond:
                 if not self._queue:
                     if stopping.is_set() and not retry:
                         return
                     self._cond.wait(self._pause(stopping) if retry else None)
+            stopping.wait(last_write + self._coalesce - time.monotonic())
+            with self._cond:
                 batch = [*retry, *self._queue]
                 self._queue.clear()
             if not batch:
                 continue
+            last_write = time.monotonic()
             deadline = self._deadline(stopping)
             if deadline <= 0:
                 self._leave(batch)

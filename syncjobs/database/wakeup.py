@@ -21,11 +21,15 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger("syncjobs.database")
+
+#: Longer than the step of the clock a local file system stamps mtimes with (a jiffy on Linux).
+_MTIME_TICK_NS = 100_000_000
 
 
 def wake_directory(database: str, table: str, queue: str) -> Path | None:
@@ -64,6 +68,10 @@ class Waker:
         self._directory = directory
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
+        # The sockets as last listed, with the directory's mtime then: a
+        # dispatch stats the directory (one call) and lists it again only
+        # when a worker came or went.
+        self._listing: tuple[int, list[str]] | None = None
 
     def wake(self) -> None:
         """Best effort: the dispatch is committed, and a worker not woken finds the job at its poll."""
@@ -71,23 +79,37 @@ class Waker:
         if directory is None:
             return
         try:
-            entries = list(os.scandir(directory))
+            paths = self._sockets(directory)
             sock = self._socket()
         except OSError:  # no worker ever waited here; or no socket to send from (out of descriptors, a sandbox)
             return
-        for entry in entries:
-            if not entry.name.endswith(".sock"):
-                continue
+        for path in paths:
             try:
-                sock.sendto(b"", entry.path)
+                sock.sendto(b"", path)
             except (ConnectionRefusedError, FileNotFoundError):
                 # Its process died without removing it.
                 with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
+                    os.unlink(path)
             except OSError as exc:
                 # EAGAIN: its buffer is full of wake-ups it has not read yet; it is awake.
                 if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    logger.debug("could not wake %s", entry.path, exc_info=True)
+                    logger.debug("could not wake %s", path, exc_info=True)
+
+    def _sockets(self, directory: Path) -> list[str]:
+        """The sockets in ``directory``; listed again only if its mtime moved, or may not have yet."""
+        mtime = os.stat(directory).st_mtime_ns
+        listing = self._listing
+        if listing is not None and listing[0] == mtime:
+            return listing[1]
+        paths = [entry.path for entry in os.scandir(directory) if entry.name.endswith(".sock")]
+        # A file system stamps mtimes with a coarse clock: a socket bound within
+        # the same tick as the listing leaves the mtime as listed. Such a listing
+        # is used once and made again, until its stamp is safely in the past.
+        if time.time_ns() - mtime > _MTIME_TICK_NS:
+            self._listing = (mtime, paths)
+        else:
+            self._listing = None
+        return paths
 
     def _socket(self) -> socket.socket:
         sock = self._sock
