@@ -90,7 +90,6 @@ class _Connection:
         self.aborted = False
         #: One thread's own (a loop's), not the pool's.
         self.dedicated = False
-        #: The lock wait last set on the session (SQLite's busy timeout), in milliseconds.
 
     def abort(self) -> None:
         self.aborted = True
@@ -418,9 +417,7 @@ class Connections:
         except Exception as exc:
             if not self.connector.is_contention(exc):
                 raise
-        give_up = time.monotonic() + ATTEMPT_TIMEOUT
-        if endtime is not None:
-            give_up = min(give_up, endtime)
+        give_up = _attempt_end(endtime)
         for attempt in tenacity.Retrying(
             retry=tenacity.retry_if_exception(self.connector.is_contention),
             wait=tenacity.wait_random_exponential(multiplier=LOCK_STEPS[0], max=LOCK_STEPS[1]),
@@ -436,9 +433,7 @@ class Connections:
         conn = self._acquire(state, endtime)
         healthy = False
         try:
-            attempt_end = time.monotonic() + ATTEMPT_TIMEOUT
-            if endtime is not None:
-                attempt_end = min(attempt_end, endtime)
+            attempt_end = _attempt_end(endtime)
             token = state.watchdog.arm(conn, attempt_end)
             try:
                 cursor = conn.raw.cursor()
@@ -554,3 +549,9 @@ class Connections:
                 raw.close()
             raise
         return _Connection(raw, abort, close)
+
+
+def _attempt_end(endtime: float | None) -> float:
+    """When an attempt begun now must end: ATTEMPT_TIMEOUT from now, or the operation's end if sooner."""
+    end = time.monotonic() + ATTEMPT_TIMEOUT
+    return end if endtime is None else min(end, endtime)
