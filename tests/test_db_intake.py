@@ -447,7 +447,7 @@ class _LostReply:
 @pytest.mark.timeout(120)
 def test_a_dispatch_tried_again_on_mysql_keeps_a_late_first_try_out_until_it_commits() -> None:
     # The check of a dispatch tried again takes gap locks on the ids it did
-    # not find (REPEATABLE READ, the store's sessions' level): a first try that
+    # not find (REPEATABLE READ, the server's default, which the store keeps): a first try that
     # reaches the server late waits until the check's insert has committed,
     # and never slips in between. Under READ COMMITTED it would.
     server_url = _reachable("mysql", SERVER_URLS["mysql"])

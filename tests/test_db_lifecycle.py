@@ -8,8 +8,8 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -24,6 +24,8 @@ from tests.helpers import WAIT, Probe, ProbeJob, wait_until
 from tests.test_cli import Sleepy, dispatch, rows, run
 from tests.test_database import drop_tables, execute
 from tests.test_processes import _communicate, _python
+
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -341,6 +343,55 @@ def test_a_coalescing_writer_writes_the_first_outcome_at_once_and_the_stream_aft
     assert not thread.is_alive()
     assert batches == [["job-0"], ["job-1", "job-2", "job-3"]]
     assert leases.tokens() == []
+
+
+class _RecordingDatabase:
+    """Runs the writer's fenced UPDATEs on a cursor that records them, each changing one row."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def run(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
+        database = self
+
+        class Cursor:
+            rowcount = 1
+
+            def execute(self, sql: str, params: Any = ()) -> None:
+                database.statements.append(sql)
+
+        return operation(Cursor())
+
+    def transaction(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
+        return self.run(operation, deadline=deadline)
+
+
+@pytest.mark.timeout(30)
+def test_a_coalescing_writer_does_not_keep_a_worker_waiting_for_its_write() -> None:
+    # A retry parked: its worker waits for the write; the window is not waited out.
+    stopping = threading.Event()
+    completed: list[str] = []
+    database = _RecordingDatabase()
+    writer = background.OutcomeWriter(
+        database,
+        background.Leases(),
+        complete=lambda batch, deadline: completed.extend(envelope.id for envelope in batch) or len(batch),
+        lease=30.0,
+        coalesce=600.0,
+    )
+    thread = threading.Thread(target=writer.loop, args=(stopping,), name="test-writer")
+    thread.start()
+    try:
+        writer.complete(Envelope("job-0", "tests.probe", "{}", 3, lease="token-0"))
+        wait_until(lambda: completed == ["job-0"], what="the first outcome, written at once")
+        parked = Envelope("job-1", "tests.probe", "{}", 3, lease="token-1")
+        writer.write(parked, "UPDATE parked", (), wait=WAIT)
+        assert database.statements == ["UPDATE parked"], "the worker's write waited for the window"
+    finally:
+        stopping.set()
+        writer.wake()
+        thread.join(WAIT)
+    assert not thread.is_alive()
 
 
 @pytest.mark.timeout(90)

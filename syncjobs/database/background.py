@@ -174,7 +174,8 @@ class OutcomeWriter:
 
     Completions are deleted in batches (one commit for many jobs); with
     ``coalesce``, a writer that wrote less than that many seconds ago waits
-    out the rest, so that more share the commit. A write that
+    out the rest, so that more completions share the commit, unless a worker
+    waits for one of the writes. A write that
     fails is tried again until it lands or a lease has passed since the run
     ended; then its token is dropped from :class:`Leases`, the lease expires,
     and the job runs again (at-least-once).
@@ -246,7 +247,10 @@ class OutcomeWriter:
                     if stopping.is_set() and not retry:
                         return
                     self._cond.wait(self._pause(stopping) if retry else None)
-            stopping.wait(last_write + self._coalesce - time.monotonic())
+                # A worker waiting for its write (a retry parked, a dead letter) is not kept waiting.
+                awaited = any(item.done is not None for item in self._queue)
+            if not awaited:
+                stopping.wait(last_write + self._coalesce - time.monotonic())
             with self._cond:
                 batch = [*retry, *self._queue]
                 self._queue.clear()

@@ -28,8 +28,9 @@ from pathlib import Path
 
 logger = logging.getLogger("syncjobs.database")
 
-#: Longer than the step of the clock a local file system stamps mtimes with (a jiffy on Linux).
-_MTIME_TICK_NS = 100_000_000
+#: At least the step in which a file system stamps mtimes: a jiffy on most
+#: Linux ones, a second on some (ext4 with small inodes, HFS+), two on FAT.
+_MTIME_TICK_NS = 2_000_000_000
 
 
 def wake_directory(database: str, table: str, queue: str) -> Path | None:
@@ -97,15 +98,18 @@ class Waker:
 
     def _sockets(self, directory: Path) -> list[str]:
         """The sockets in ``directory``; listed again only if its mtime moved, or may not have yet."""
+        # Read before the stat: if the stamp is a whole step older than this,
+        # a socket bound from now on moves it.
+        now = time.time_ns()
         mtime = os.stat(directory).st_mtime_ns
         listing = self._listing
         if listing is not None and listing[0] == mtime:
             return listing[1]
         paths = [entry.path for entry in os.scandir(directory) if entry.name.endswith(".sock")]
-        # A file system stamps mtimes with a coarse clock: a socket bound within
-        # the same tick as the listing leaves the mtime as listed. Such a listing
-        # is used once and made again, until its stamp is safely in the past.
-        if time.time_ns() - mtime > _MTIME_TICK_NS:
+        # A file system stamps mtimes in coarse steps: a socket bound within the
+        # step of the last change leaves the mtime as listed. A listing is kept
+        # only once that step has passed; until then it is made again each time.
+        if now - mtime > _MTIME_TICK_NS:
             self._listing = (mtime, paths)
         else:
             self._listing = None
