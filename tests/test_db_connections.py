@@ -265,14 +265,17 @@ def _fork_child(work: Callable[[], None], errors: Path) -> int:
 
 def _wait_children(pids: list[int], timeout: float) -> dict[int, int]:
     codes: dict[int, int] = {}
-    deadline = time.monotonic() + timeout
-    while len(codes) < len(pids) and time.monotonic() < deadline:
+
+    def reaped() -> bool:
         for pid in pids:
             if pid not in codes:
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
                     codes[pid] = os.waitstatus_to_exitcode(status)
-        time.sleep(0.01)  # the poll interval of a deadline-bounded wait
+        return len(codes) == len(pids)
+
+    with contextlib.suppress(AssertionError):  # those still running are killed below
+        wait_until(reaped, timeout=timeout, what="the children's exit")
     for pid in pids:
         if pid not in codes:
             os.kill(pid, signal.SIGKILL)

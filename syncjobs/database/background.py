@@ -248,8 +248,8 @@ class OutcomeWriter:
                         return
                     self._cond.wait(self._pause(stopping) if retry else None)
                 # A worker waiting for its write (a retry parked, a dead letter) is not kept waiting.
-                awaited = any(item.done is not None for item in self._queue)
-            if not awaited:
+                gather = self._coalesce > 0 and not any(item.done is not None for item in self._queue)
+            if gather:
                 stopping.wait(last_write + self._coalesce - time.monotonic())
             with self._cond:
                 batch = [*retry, *self._queue]
