@@ -7,6 +7,7 @@ from .context import RunInfo, current_job
 from .database import DatabaseJobQueue, DatabaseUnavailable, PgJobQueue
 from .envelope import DeadLetter
 from .errors import Cancelled, Fatal, JobError, QueueError, Retryable
+from .function_tasks import Task
 from .job import DEFAULT_MAX_ATTEMPTS, Job
 from .memory import InMemoryJobQueue
 from .protocols import JobQueue
@@ -33,6 +34,7 @@ __all__ = [
     "QueueError",
     "Retryable",
     "RunInfo",
+    "Task",
     "__version__",
     "connect",
     "current_job",

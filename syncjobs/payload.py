@@ -7,7 +7,7 @@ import json.encoder
 import math
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from .envelope import DeadLetter
@@ -123,8 +123,16 @@ def describe_problem(payload: dict[str, Any]) -> str:
     return problem or "a value changes in the round trip"
 
 
-def _find(value: Any, path: str, seen: set[int]) -> str | None:
-    where = f"field {path!r}" if path else "the payload"
+def describe_arguments(arguments: Mapping[str, Any]) -> str | None:
+    """Name the first argument of a call, by path, that JSON cannot carry unchanged, and why; None if none."""
+    try:
+        return _first(_find(value, name, set(), noun="argument") for name, value in arguments.items())
+    except RecursionError:
+        return "an argument is nested too deeply for JSON"
+
+
+def _find(value: Any, path: str, seen: set[int], noun: str = "field") -> str | None:
+    where = f"{noun} {path!r}" if path else "the payload"
     if isinstance(value, str):
         return _surrogate_in(where, value)
     if value is None or isinstance(value, (bool, int)):
@@ -136,17 +144,18 @@ def _find(value: Any, path: str, seen: set[int]) -> str | None:
             return f"{where} contains itself (a reference cycle)"
         seen = seen | {id(value)}
         if isinstance(value, list):
-            return _first(_find(item, f"{path}[{index}]", seen) for index, item in enumerate(value))
-        return _first(_find_in_item(where, path, key, item, seen) for key, item in value.items())
+            return _first(_find(item, f"{path}[{index}]", seen, noun) for index, item in enumerate(value))
+        return _first(_find_in_item(where, path, key, item, seen, noun=noun) for key, item in value.items())
     if isinstance(value, tuple):
         return f"{where} is a tuple, which comes back from JSON as a list"
     return f"{where} is a {type(value).__name__}, which is not JSON-serializable"
 
 
-def _find_in_item(where: str, path: str, key: Any, item: Any, seen: set[int]) -> str | None:
+def _find_in_item(where: str, path: str, key: Any, item: Any, seen: set[int], *, noun: str) -> str | None:
     if not isinstance(key, str):
         return f"{where} has the key {key!r} of type {type(key).__name__}; JSON keys are strings"
-    return _surrogate_in(f"the key {key!r} of {where}", key) or _find(item, f"{path}.{key}" if path else key, seen)
+    found = _surrogate_in(f"the key {key!r} of {where}", key)
+    return found or _find(item, f"{path}.{key}" if path else key, seen, noun)
 
 
 def _first(problems: Iterator[str | None]) -> str | None:

@@ -13,6 +13,7 @@ from .dead_letters import DeadLetterCallback
 from .envelope import Envelope
 
 if TYPE_CHECKING:
+    from .function_tasks import TaskDecorator
     from .job import Job
 
 J = TypeVar("J", bound="type[Job]")
@@ -49,7 +50,10 @@ class JobQueue(Protocol):
 
     def register(self, job_cls: J) -> J: ...
 
-    def dispatch(self, job: Job, *, delay: Delay = None) -> str: ...
+    @property
+    def task(self) -> TaskDecorator: ...
+
+    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> str: ...
 
     def start(self) -> None: ...
 

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
+from typing import ClassVar
 
 from typing_extensions import Self
 
@@ -18,6 +19,7 @@ from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import QueueError
 from .exit_hooks import exit_watch
+from .function_tasks import TaskDecorator
 from .ids import new_job_id
 from .job import Job
 from .payload import encode
@@ -46,6 +48,9 @@ class Prepared:
 
 class StoreQueue:
     """A ``JobQueue`` over one store: registration, dispatch checks, lifecycle."""
+
+    #: The keyword arguments ``dispatch()`` takes after the job (what a task's ``using()`` takes).
+    dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at"})
 
     def __init__(
         self,
@@ -84,24 +89,38 @@ class StoreQueue:
         """The NAMEs of the job classes this queue runs, sorted."""
         return self._registry.names()
 
-    def dispatch(self, job: Job, *, delay: Delay = None) -> str:
-        """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``."""
-        envelope, seconds = self._checked(job, delay)
+    @property
+    def task(self) -> TaskDecorator:
+        """``@queue.task`` makes a module-level function a task of this queue: ``f.dispatch(…)`` enqueues a call.
+
+        Also ``@queue.task(name=…, max_attempts=…, retry_wait=…)``. The name
+        defaults to the function's dotted path; give a stable ``name=`` if the
+        function may move or be renamed while calls of it are queued.
+        """
+        return TaskDecorator(self.register, self.dispatch, self.dispatch_options)
+
+    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> str:
+        """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``.
+
+        ``delay`` (seconds or a ``timedelta``) or ``run_at`` (an aware
+        ``datetime``) holds it back.
+        """
+        envelope, seconds = self._checked(job, delay, run_at)
         self._store.put(envelope, seconds)
         return envelope.id
 
-    def prepare(self, job: Job, *, delay: Delay = None) -> Prepared:
+    def prepare(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> Prepared:
         """Check ``job`` now and give it its id; ``submit()`` enqueues it later (say, on commit).
 
         Every check ``dispatch()`` makes happens here, where the mistake is.
         """
-        envelope, seconds = self._checked(job, delay)
+        envelope, seconds = self._checked(job, delay, run_at)
         return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds))
 
-    def _checked(self, job: Job, delay: Delay) -> tuple[Envelope, float]:
+    def _checked(self, job: Job, delay: Delay, run_at: datetime.datetime | None) -> tuple[Envelope, float]:
         """The job's envelope and delay in seconds, or ``QueueError`` naming the job."""
         envelope = new_envelope(self._registry, job)
-        seconds = delay_seconds(envelope.name, delay)
+        seconds = delay_seconds(envelope.name, delay, run_at)
         self._check_envelope(envelope)
         return envelope, seconds
 
@@ -259,7 +278,12 @@ def new_envelope(registry: Registry, job: Job) -> Envelope:
     return Envelope(new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context())
 
 
-def delay_seconds(name: str, delay: Delay) -> float:
+def delay_seconds(name: str, delay: Delay, run_at: datetime.datetime | None = None) -> float:
+    """Seconds to hold a job back, from ``delay`` or ``run_at`` (at most one); ``QueueError`` naming the job."""
+    if run_at is not None:
+        if delay is not None:
+            raise QueueError(f"job {name!r}: give delay or run_at, not both")
+        return _seconds_until(name, run_at)
     if delay is None:
         return 0.0
     if isinstance(delay, datetime.timedelta):
@@ -274,3 +298,17 @@ def delay_seconds(name: str, delay: Delay) -> float:
     if not 0 <= seconds < math.inf:
         raise QueueError(f"job {name!r}: delay must be >= 0 and finite, got {delay!r}")
     return seconds
+
+
+def _seconds_until(name: str, run_at: datetime.datetime) -> float:
+    """Seconds from now to the aware ``run_at``; 0 for a moment past (the job is due)."""
+    if not isinstance(run_at, datetime.datetime):
+        raise QueueError(f"job {name!r}: run_at must be an aware datetime, got {type(run_at).__name__}")
+    if run_at.utcoffset() is None:
+        # A naive datetime could mean the server's local time or UTC: which
+        # one differs by hours, so the caller must say.
+        raise QueueError(
+            f"job {name!r}: run_at {run_at.isoformat()} is naive; give it a time zone "
+            "(datetime.now(timezone.utc), or django.utils.timezone.now() in Django)"
+        )
+    return max(0.0, (run_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds())

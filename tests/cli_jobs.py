@@ -55,3 +55,17 @@ class Stubborn(syncjobs.Job):
     def run(self) -> None:
         _started("stubborn")
         threading.Event().wait(self.seconds)
+
+
+#: What made the function task below. A worker's ``--import`` finds a task by
+#: its module, whichever queue made it; the tests dispatch its calls from a
+#: queue of their own, as a web process with its own queue object would.
+_tasks = syncjobs.InMemoryJobQueue(workers=0)
+
+
+@_tasks.task(name="cli.shout", max_attempts=1)
+def shout(text: str, *, times: int = 1) -> None:
+    if not text:
+        raise ValueError("nothing to shout")
+    sys.stdout.write(f"shout {text * times} pid {os.getpid()}\n")
+    sys.stdout.flush()

@@ -53,6 +53,13 @@ class Doomed(syncjobs.Job):
         raise syncjobs.Fatal(self.reason)
 
 
+@jobs.task(name="flaskapp.note")
+def note(out: str, *, text: str) -> None:
+    """A function task: writes its text and the app it ran in."""
+    with open(out, "a", encoding="utf-8") as file:
+        file.write(json.dumps({"app": current_app.name, "text": text}) + "\n")
+
+
 def create_app(name: str = "shopfront", **config: Any) -> Flask:
     app = Flask(name)
     app.config.update(GREETING=f"hello from {name}", **config)
@@ -62,5 +69,9 @@ def create_app(name: str = "shopfront", **config: Any) -> Flask:
     def greet() -> dict[str, str]:
         job = Greet(out=request.form["out"], seconds=float(request.form.get("seconds", 0)))
         return {"job": jobs.dispatch(job)}
+
+    @app.post("/note")
+    def post_note() -> dict[str, str]:
+        return {"job": note.using(queue=request.form.get("queue")).dispatch(request.form["out"], text="hi")}
 
     return app

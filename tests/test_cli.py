@@ -20,7 +20,7 @@ import pytest
 import syncjobs
 from syncjobs.database.dialects import dialect_for
 from syncjobs.database.schema import SCHEMA_VERSION
-from tests.cli_jobs import Quick, Sleepy, Stubborn
+from tests.cli_jobs import Quick, Sleepy, Stubborn, shout
 from tests.helpers import WAIT
 from tests.test_database import drop_tables, execute
 
@@ -104,7 +104,7 @@ def run(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> t
 def dispatch(url: str, table: str, *jobs: syncjobs.Job, queue: str = "default", delay: float = 0) -> list[str]:
     """Dispatch from a queue of no workers, as a web process does; the jobs' ids."""
     producer = syncjobs.DatabaseJobQueue(url, workers=0, table=table, queue=queue)
-    for job_cls in (Quick, Sleepy, Stubborn):
+    for job_cls in (Quick, Sleepy, Stubborn, shout.job_class):
         producer.register(job_cls)
     try:
         return producer.dispatch_many(list(jobs), delay=delay)
@@ -149,6 +149,16 @@ def test_a_worker_runs_jobs_logs_each_outcome_and_exits_in_burst_mode(db_url: st
     # The delayed job waits for its time; the burst did not wait for it.
     assert rows(db_url, table) == [("cli.quick", "dead", 1), ("cli.quick", "queued", 0)]
     assert execute(db_url, f"SELECT id FROM {table} WHERE state = 'queued'") == [(later,)]
+
+
+def test_a_worker_runs_the_function_tasks_of_the_modules_it_imports(db_url: str, table: str) -> None:
+    loud, empty = dispatch(db_url, table, shout.job_class(["hey"], {"times": 2}), shout.job_class([""], {}))
+    code, out, err = run("worker", "--url", db_url, "--table", table, "--import", "tests.cli_jobs", "--burst")
+    assert code == 0, err
+    assert re.search(r"^shout heyhey pid \d+$", out, re.MULTILINE), out
+    assert re.search(rf"job cli\.shout \({loud}\) run 1 of 1 in [\d.]+ms: done", err), err
+    assert re.search(rf"job cli\.shout \({empty}\) run 1 of 1 in [\d.]+ms: dead: job raised ValueError", err), err
+    assert rows(db_url, table) == [("cli.shout", "dead", 1)]
 
 
 def test_json_logs_carry_the_job_fields(db_url: str, table: str) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from flask import Flask, current_app
 
+import syncjobs
 from syncjobs import DeadLetter
 from syncjobs.contrib.flask import AppQueues, SyncJobs
-from tests.flask_app import Doomed, Greet, create_app, jobs
+from tests.flask_app import Doomed, Greet, create_app, jobs, note
 from tests.helpers import WAIT
 from tests.test_database import execute
 
@@ -59,6 +60,23 @@ def test_a_route_dispatches_and_the_job_runs_inside_that_apps_context(tmp_path: 
     finally:
         for app in (shop, admin):
             state(app).shutdown()
+
+
+def test_a_function_task_dispatches_on_the_current_app_and_runs_in_its_context(tmp_path: Path) -> None:
+    app = create_app("notes", SYNCJOBS_QUEUES=["default", "slow"])
+    out = tmp_path / "notes.jsonl"
+    try:
+        client = app.test_client()
+        assert client.post("/note", data={"out": str(out)}).status_code == 200
+        assert client.post("/note", data={"out": str(out), "queue": "slow"}).status_code == 200
+        for name in ("default", "slow"):
+            assert state(app).queue(name).join(timeout=WAIT)
+        assert seen(out) == [{"app": "notes", "text": "hi"}] * 2
+        refused = r"task 'flaskapp\.note': argument 'out' is a PosixPath"
+        with app.app_context(), pytest.raises(syncjobs.QueueError, match=refused):
+            note.dispatch(out, text="hi")  # a Path is not JSON
+    finally:
+        state(app).shutdown()
 
 
 def test_flask_syncjobs_worker_burst_runs_what_the_web_process_dispatched(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextvars
+import datetime
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from ..envelope import DeadLetter, Envelope
 from ..errors import QueueError
@@ -34,6 +35,8 @@ class DatabaseJobQueue(StoreQueue):
     ``connect_args``: the driver's keyword arguments, over what ``url`` says
     (the Django integration passes the parameters Django itself connects with).
     """
+
+    dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "connection"})
 
     def __init__(
         self,
@@ -163,9 +166,11 @@ class DatabaseJobQueue(StoreQueue):
         self._db.prefetch = 0
         super().stop_claiming()
 
-    def dispatch(self, job: Job, *, delay: Delay = None, connection: Any = None) -> str:
+    def dispatch(
+        self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, connection: Any = None
+    ) -> str:
         """Insert ``job``; with ``connection``, inside the caller's transaction, which the queue never commits."""
-        return self.dispatch_many([job], delay=delay, connection=connection)[0]
+        return self.dispatch_many([job], delay=delay, run_at=run_at, connection=connection)[0]
 
     def _check_envelope(self, envelope: Envelope) -> None:
         self._ensure_schema()
@@ -178,12 +183,19 @@ class DatabaseJobQueue(StoreQueue):
         except QueueError as exc:
             raise QueueError(f"job {envelope.name!r}: {exc.message}") from exc
 
-    def dispatch_many(self, jobs: Sequence[Job], *, delay: Delay = None, connection: Any = None) -> list[str]:
+    def dispatch_many(
+        self,
+        jobs: Sequence[Job],
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        connection: Any = None,
+    ) -> list[str]:
         """Insert ``jobs`` in one transaction: all of them or, if anything is refused, none."""
         items: list[tuple[Envelope, float]] = []
         for job in jobs:
             envelope = new_envelope(self._registry, job)
-            items.append((envelope, delay_seconds(envelope.name, delay)))
+            items.append((envelope, delay_seconds(envelope.name, delay, run_at)))
         if items and connection is not None:
             check_connection(self._dialect, connection, items[0][0].name)
         self._ensure_schema()

@@ -77,6 +77,31 @@ def test_a_committed_order_runs_its_job_in_the_worker_command(alias: str) -> Non
     assert job_id
 
 
+def test_a_function_task_is_dispatched_in_the_callers_transaction(alias: str) -> None:
+    try:
+        with transaction.atomic(using=alias):
+            Order.objects.using(alias).create(number="F-1")
+            jobs.confirm.using(using=alias).dispatch("F-1", database=alias)
+            raise RuntimeError("rolled back")
+    except RuntimeError:
+        pass
+    assert job_rows(alias) == []
+    with transaction.atomic(using=alias):
+        Order.objects.using(alias).create(number="F-2")
+        job_id = jobs.confirm.using(using=alias).dispatch("F-2", database=alias)
+    assert job_rows(alias) == [("shop.confirm", "queued", 0)]
+    with pytest.raises(syncjobs.Fatal, match="no order X-9"):  # called here, it just runs
+        jobs.confirm("X-9", database=alias)
+    run_worker()
+    assert job_rows(alias) == []
+    assert Order.objects.using(alias).get(number="F-2").confirmed
+    with pytest.raises(
+        syncjobs.QueueError, match=r"task 'shop\.confirm': confirm\(\) got an unexpected keyword argument 'db'"
+    ):
+        jobs.confirm.dispatch("F-3", db=alias)
+    assert job_id
+
+
 def test_memory_backend_hands_the_job_over_on_commit_only() -> None:
     with override_settings(SYNCJOBS={"BACKEND": "memory", "WORKERS": 1}):
         try:

@@ -10,6 +10,7 @@ caller's transaction where it can and waits for its commit where it cannot.
 from __future__ import annotations
 
 import contextlib
+import datetime
 from collections.abc import Iterator
 from typing import TypeVar
 
@@ -19,6 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, tran
 
 from ...database import DatabaseJobQueue
 from ...dead_letters import DeadLetterCallback
+from ...function_tasks import TaskDecorator
 from ...job import Job
 from ...memory import InMemoryJobQueue
 from ...protocols import Delay
@@ -76,7 +78,14 @@ def worker_queues(
     ]
 
 
-def dispatch(job: Job, *, delay: Delay = None, queue: str | None = None, using: str | None = None) -> str:
+def dispatch(
+    job: Job,
+    *,
+    delay: Delay = None,
+    run_at: datetime.datetime | None = None,
+    queue: str | None = None,
+    using: str | None = None,
+) -> str:
     """Enqueue ``job``; returns its id.
 
     With ``"DATABASE"`` set and a transaction open on that database, the job
@@ -92,15 +101,21 @@ def dispatch(job: Job, *, delay: Delay = None, queue: str | None = None, using: 
         connection = connections[config.database]
         if connection.in_atomic_block:
             connection.ensure_connection()
-            return target.dispatch(job, delay=delay, connection=connection.connection)
-        return target.dispatch(job, delay=delay)
-    prepared = target.prepare(job, delay=delay)
+            return target.dispatch(job, delay=delay, run_at=run_at, connection=connection.connection)
+        return target.dispatch(job, delay=delay, run_at=run_at)
+    prepared = target.prepare(job, delay=delay, run_at=run_at)
     if config.backend == "memory":
         # Its jobs run in this process: start its workers first, so that a
         # dispatch whose start fails hands over no job.
         _queues.start([name])
     transaction.on_commit(prepared.submit, using=using or DEFAULT_DB_ALIAS)
     return prepared.id
+
+
+#: ``@task`` (or ``@task(name=…, max_attempts=…, retry_wait=…, queue=…)``) on a module-level function:
+#: ``f.dispatch(…)`` enqueues a call as :func:`dispatch` does, in the caller's transaction where it can;
+#: ``f.using(delay=…, queue=…, using=…)`` sets options first. Fine at import time, like :func:`register`.
+task = TaskDecorator(register, dispatch, frozenset({"delay", "run_at", "queue", "using"}), frozenset({"queue"}))
 
 
 def reset() -> None:

@@ -18,11 +18,13 @@ forks before any thread exists), and stopped with the grace at exit.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any, TypeVar
 
 from flask import Flask, current_app
 
 from ...dead_letters import DeadLetterCallback
+from ...function_tasks import TaskDecorator
 from ...job import Job
 from ...protocols import Delay
 from ...queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
@@ -32,6 +34,8 @@ from ..integration import JobSetup, ProcessQueues
 
 J = TypeVar("J", bound=type[Job])
 C = TypeVar("C", bound=DeadLetterCallback)
+
+_DISPATCH_OPTIONS = frozenset({"delay", "run_at", "queue"})
 
 DEFAULTS: dict[str, Any] = {
     "SYNCJOBS_URL": "memory://",
@@ -77,10 +81,21 @@ class SyncJobs:
         """Enter ``wrapper()`` (a context manager) around every run, inside the app context."""
         self._setup.wrap_runs(wrapper)
 
-    def dispatch(self, job: Job, *, delay: Delay = None, queue: str | None = None) -> str:
+    @property
+    def task(self) -> TaskDecorator:
+        """``@jobs.task`` (or ``@jobs.task(name=…, max_attempts=…, retry_wait=…, queue=…)``) on a module-level function.
+
+        ``f.dispatch(…)`` enqueues a call on the current app's queue, as
+        :meth:`dispatch` does; ``f.using(delay=…, queue=…)`` sets options first.
+        """
+        return TaskDecorator(self.register, self.dispatch, _DISPATCH_OPTIONS, frozenset({"queue"}))
+
+    def dispatch(
+        self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, queue: str | None = None
+    ) -> str:
         """Enqueue ``job`` on the current app's queue; it runs inside that app's context."""
         state: AppQueues = current_app.extensions["syncjobs"]
-        return state.dispatch(job, delay=delay, queue=queue)
+        return state.dispatch(job, delay=delay, run_at=run_at, queue=queue)
 
 
 class AppQueues:
@@ -113,11 +128,13 @@ class AppQueues:
             for name in dict.fromkeys(names or config["SYNCJOBS_QUEUES"])
         ]
 
-    def dispatch(self, job: Job, *, delay: Delay = None, queue: str | None = None) -> str:
+    def dispatch(
+        self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, queue: str | None = None
+    ) -> str:
         name = queue or self.app.config["SYNCJOBS_QUEUES"][0]
         # A queue named only here runs in embedded mode too, or its jobs never would.
         self.ensure_embedded(name)
-        return self._queues.get(name).dispatch(job, delay=delay)
+        return self._queues.get(name).dispatch(job, delay=delay, run_at=run_at)
 
     def ensure_embedded(self, *names: str) -> None:
         """Embedded mode: start this process's workers of ``SYNCJOBS_QUEUES`` (and ``names``), once, after any fork.

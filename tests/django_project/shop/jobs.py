@@ -7,6 +7,7 @@ import dataclasses
 from django.tasks import task
 
 import syncjobs
+import syncjobs.contrib.django
 from syncjobs.contrib.django import on_dead_letter, register
 from tests import cli_jobs
 
@@ -37,6 +38,13 @@ class ConfirmOrder(syncjobs.Job):
         updated = Order.objects.using(self.database).filter(number=self.number).update(confirmed=True)
         if not updated:
             raise syncjobs.Fatal(f"no order {self.number}")
+
+
+@syncjobs.contrib.django.task(name="shop.confirm")
+def confirm(number: str, *, database: str = "default") -> None:
+    """A syncjobs function task (not a Django Task): ConfirmOrder as a function."""
+    if not Order.objects.using(database).filter(number=number).update(confirmed=True):
+        raise syncjobs.Fatal(f"no order {number}")
 
 
 @task
