@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextvars
 import threading
 
+from .errors import Cancelled
+
 # Guards the lazy creation of cancel events; taken only when a job first looks
 # at its token or shutdown cancels a run, never on the hot path.
 _cancel_lock = threading.Lock()
@@ -26,7 +28,10 @@ class RunInfo:
 
     @property
     def cancelled(self) -> threading.Event:
-        """Set when shutdown's grace has run out: stop between steps, or raise ``Cancelled``."""
+        """Set when the run should stop: shutdown's grace ran out, or the job's timeout.
+
+        Stop between steps, or raise ``Cancelled`` (what :meth:`check` does).
+        """
         # Made on first use: most jobs never look, and an Event costs more
         # than the rest of a no-op run.
         event = self._event
@@ -38,6 +43,11 @@ class RunInfo:
                         self._event.set()
                 event = self._event
         return event
+
+    def check(self) -> None:
+        """Raise ``Cancelled`` if the run was asked to stop; a long job calls it between steps."""
+        if self._cancel_requested:
+            raise Cancelled()
 
     def cancel(self) -> None:
         """Ask the run to stop (shutdown does this once the grace has run out)."""

@@ -32,7 +32,7 @@ Send = Callable[..., str]
 
 
 class FunctionJob(Job):
-    """One call of a task's function: its arguments, as Python bound them, are the payload."""
+    """One call of a task's function: its arguments are the payload (see ``_Call`` for their form)."""
 
     #: The function a run calls; set on the class made for each task.
     FUNCTION: ClassVar[Callable[..., Any]]
@@ -85,14 +85,15 @@ class Task(Generic[P, R]):
         send: Send,
         options: Mapping[str, Any],
         allowed: frozenset[str],
+        *,
+        call: _Call | None = None,
     ) -> None:
         functools.update_wrapper(self, function)
         self.function = function
         self.job_class = job_class
         #: The stable name the task's jobs travel under (its job class's ``NAME``).
         self.name = job_class.NAME
-        self._signature = inspect.signature(function)
-        self._check_call = _call_checker(function, self._signature)
+        self._call = call or _Call(function)
         self._send = send
         self._options = dict(options)
         self._allowed = allowed
@@ -108,13 +109,13 @@ class Task(Generic[P, R]):
         says which did not, and nothing is enqueued.
         """
         try:
-            self._check_call(*args, **kwargs)
+            positional, named = self._call.arguments(args, kwargs)
         except TypeError as exc:
             raise QueueError(f"task {self.name!r}: {exc}") from None
         try:
-            return self._send(self.job_class(list(args), kwargs), **self._options)
+            return self._send(self.job_class(positional, named), **self._options)
         except QueueError as exc:
-            problem = describe_arguments(_as_sent(self._signature.bind(*args, **kwargs)))
+            problem = self._call.describe(positional, named)
             if problem is None:  # not the arguments: a bad delay, say, or a carried value
                 raise
             raise QueueError(f"task {self.name!r}: {problem}") from exc
@@ -126,7 +127,8 @@ class Task(Generic[P, R]):
         and Flask integrations. Returns a new task; this one is unchanged.
         """
         _check_options(self.name, options, self._allowed)
-        return Task(self.function, self.job_class, self._send, {**self._options, **options}, self._allowed)
+        merged = {**self._options, **options}
+        return Task(self.function, self.job_class, self._send, merged, self._allowed, call=self._call)
 
     def __repr__(self) -> str:
         return f"<Task {self.name!r} of {_path(self.function)}>"
@@ -140,7 +142,7 @@ class Decorate(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class TaskDecorator:
-    """``@queue.task`` and ``@queue.task(name=…, max_attempts=…, retry_wait=…)``, for a queue or an integration.
+    """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, retry_wait=…, timeout=…)``, on a queue or integration.
 
     ``dispatch_options`` names what the decorator may fix for every dispatch
     of the task (``queue=`` in an integration, say).
@@ -165,6 +167,7 @@ class TaskDecorator:
         name: str | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry_wait: RetryWait | None = None,
+        timeout: float | None = None,
         **options: Any,
     ) -> Decorate: ...
 
@@ -176,11 +179,12 @@ class TaskDecorator:
         name: str | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry_wait: RetryWait | None = None,
+        timeout: float | None = None,
         **options: Any,
     ) -> Task[..., Any] | Decorate:
         unknown = set(options) - self.task_options
         if unknown:
-            allowed = ", ".join(sorted({"name", "max_attempts", "retry_wait", *self.task_options}))
+            allowed = ", ".join(sorted({"name", "max_attempts", "retry_wait", "timeout", *self.task_options}))
             raise TypeError(f"task() got unexpected argument(s) {', '.join(sorted(unknown))}; it takes {allowed}")
         if retry_wait is not None and not callable(retry_wait):  # a tenacity wait is callable too
             raise TypeError(
@@ -188,7 +192,7 @@ class TaskDecorator:
             )
 
         def decorate(function: Callable[P, R]) -> Task[P, R]:
-            job_class = _job_class(function, name, max_attempts, retry_wait)
+            job_class = _job_class(function, name, max_attempts, retry_wait, timeout)
             self.register(job_class)
             return Task(function, job_class, self.send, options, self.dispatch_options)
 
@@ -198,11 +202,15 @@ class TaskDecorator:
 
 
 def _job_class(
-    function: Callable[..., Any], name: str | None, max_attempts: int, retry_wait: RetryWait | None
+    function: Callable[..., Any],
+    name: str | None,
+    max_attempts: int,
+    retry_wait: RetryWait | None,
+    timeout: float | None,
 ) -> type[FunctionJob]:
     if not inspect.isfunction(function):
         raise TypeError(f"task() takes a plain function, got {function!r}")
-    if "<" in function.__qualname__ and name is None:
+    if function.__qualname__ != function.__name__ and name is None:
         # A worker process finds a task by importing its module: a lambda or
         # a function defined inside another is only there while that runs.
         raise TypeError(
@@ -213,6 +221,7 @@ def _job_class(
         "NAME": name if name is not None else _path(function),
         "MAX_ATTEMPTS": max_attempts,
         "RETRY_WAIT": retry_wait,
+        "TIMEOUT": timeout,
         "FUNCTION": staticmethod(function),
         "__module__": function.__module__,
         "__qualname__": function.__qualname__,
@@ -237,36 +246,60 @@ class _Default:
         return "_default"
 
 
-def _call_checker(function: Callable[..., Any], signature: inspect.Signature) -> Callable[..., None]:
-    """A function with ``function``'s parameters that does nothing: calling it checks a call's arguments.
+class _Call:
+    """How a call of one function travels: checked as Python checks it, its arguments by name where they can be.
+
+    By name, so that a call queued before a deploy that reorders the
+    function's parameters still means what it meant; by position only what
+    has no name (positional-only parameters, and all of a call that fills
+    ``*args``).
+    """
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        # The signature of what a run calls: a wrapper's own, not what it wraps.
+        parameters = list(inspect.signature(function, follow_wrapped=False).parameters.values())
+        kinds = [parameter.kind for parameter in parameters]
+        self._positional_only = kinds.count(inspect.Parameter.POSITIONAL_ONLY)
+        self._by_name = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        self._check = _checker(function, parameters)
+
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The call's ``args`` and ``kwargs`` as they travel; ``TypeError`` (as the call's own) if they do not fit."""
+        self._check(*args, **kwargs)
+        first = self._positional_only
+        if len(args) <= first or len(args) > first + len(self._by_name):
+            return list(args), kwargs  # nothing to name, or it fills *args: positions matter
+        # No clash with kwargs: the check refused a parameter given twice.
+        return list(args[:first]), {**dict(zip(self._by_name, args[first:], strict=False)), **kwargs}
+
+    def describe(self, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+        """What JSON cannot carry among these arguments, by parameter name or position."""
+        return describe_arguments({**{f"args[{index}]": value for index, value in enumerate(args)}, **kwargs})
+
+
+def _checker(function: Callable[..., Any], parameters: list[inspect.Parameter]) -> Callable[..., None]:
+    """A function with these parameters that does nothing: calling it checks a call's arguments.
 
     Python's own check, the one a call of ``function`` makes, at a fraction
-    of ``Signature.bind``'s cost; its ``TypeError`` reads as that call's would.
-    The source is made from the function's parameter names (the developer's
-    code, never a payload), as ``dataclasses`` makes ``__init__``.
+    of ``Signature.bind``'s cost, and its ``TypeError`` reads as that call's
+    would. The source is made from the parameter names (validated by
+    ``inspect.Parameter``: the developer's code, never a payload), with no
+    annotation and every default a placeholder, as ``dataclasses`` makes
+    ``__init__``.
     """
-    parameters = [
+    plain = [
         parameter.replace(
             annotation=inspect.Parameter.empty,
             default=inspect.Parameter.empty if parameter.default is inspect.Parameter.empty else _Default(),
         )
-        for parameter in signature.parameters.values()
+        for parameter in parameters
     ]
-    text = str(signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty))
-    name = function.__name__ if function.__name__.isidentifier() else "task"
     namespace: dict[str, Any] = {"_default": None}
-    exec(f"def {name}{text}: pass", namespace)  # noqa: S102 - parameter names only, see above
-    checker: Callable[..., None] = namespace[name]
+    exec(f"def checker{inspect.Signature(plain)}: pass", namespace)  # noqa: S102 - parameter names only, see above
+    checker: Callable[..., None] = namespace["checker"]
+    # Under the function's own name, so that an error reads "send_welcome() missing …".
+    checker.__name__ = checker.__qualname__ = function.__name__
     return checker
-
-
-def _as_sent(bound: inspect.BoundArguments) -> dict[str, Any]:
-    """The bound arguments, ``*args`` as the list it travels as (a tuple is refused elsewhere)."""
-    parameters = bound.signature.parameters
-    return {
-        name: list(value) if parameters[name].kind is inspect.Parameter.VAR_POSITIONAL else value
-        for name, value in bound.arguments.items()
-    }
 
 
 def _path(function: Callable[..., Any]) -> str:

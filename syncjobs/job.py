@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar
 
 from typing_extensions import Self
@@ -27,6 +28,8 @@ class Job:
     NAME: ClassVar[str]
     #: Total runs allowed: one run plus ``MAX_ATTEMPTS - 1`` retries.
     MAX_ATTEMPTS: ClassVar[int] = DEFAULT_MAX_ATTEMPTS
+    #: Seconds a run may take before it is cancelled and counts as failed; None: the queue's default.
+    TIMEOUT: ClassVar[float | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -37,6 +40,8 @@ class Job:
             check_name(cls)
         if "MAX_ATTEMPTS" in cls.__dict__:
             check_max_attempts(cls)
+        if "TIMEOUT" in cls.__dict__:
+            check_timeout(cls.TIMEOUT, f"job class {cls.__qualname__}: TIMEOUT")
 
     def run(self) -> None:
         """Do the work. Return normally for success; raise to fail the run."""
@@ -122,3 +127,12 @@ def check_max_attempts(cls: type) -> int:
             f"job class {cls.__qualname__}: MAX_ATTEMPTS must be an int >= 1 (total runs), got {attempts!r}"
         )
     return attempts
+
+
+def check_timeout(value: object, what: str) -> float | None:
+    """``value`` as seconds, or None; ``TypeError`` naming ``what`` unless it is a number > 0 or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise TypeError(f"{what} must be a number of seconds > 0 (or None), got {value!r}")
+    return float(value)

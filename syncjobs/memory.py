@@ -121,10 +121,15 @@ class InMemoryJobQueue(StoreQueue):
         workers: int = 4,
         *,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        timeout: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._memory = MemoryStore(clock)
-        super().__init__(self._memory, workers=workers, shutdown_grace=shutdown_grace, clock=clock)
+        super().__init__(self._memory, workers=workers, shutdown_grace=shutdown_grace, clock=clock, timeout=timeout)
+
+    def settle_timers(self, timeout: float = 5.0) -> bool:
+        """Wait until the retries, delays and deadlines the clock has made due are handed over."""
+        return self._memory.timers.settle(timeout) and super().settle_timers(timeout)
 
     def parked(self) -> list[tuple[float, str]]:
         """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""

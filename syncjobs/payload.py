@@ -148,7 +148,8 @@ def _find(value: Any, path: str, seen: set[int], noun: str = "field") -> str | N
         return _first(_find_in_item(where, path, key, item, seen, noun=noun) for key, item in value.items())
     if isinstance(value, tuple):
         return f"{where} is a tuple, which comes back from JSON as a list"
-    return f"{where} is a {type(value).__name__}, which is not JSON-serializable"
+    kind = type(value).__name__
+    return f"{where} is {'an' if kind[:1] in 'aeiouAEIOU' else 'a'} {kind}, which is not JSON-serializable"
 
 
 def _find_in_item(where: str, path: str, key: Any, item: Any, seen: set[int], *, noun: str) -> str | None:

@@ -21,7 +21,7 @@ from .errors import QueueError
 from .exit_hooks import exit_watch
 from .function_tasks import TaskDecorator
 from .ids import new_job_id
-from .job import Job
+from .job import Job, check_timeout
 from .payload import encode
 from .protocols import C, Delay, J, QueueStore
 from .registry import Registry
@@ -59,15 +59,22 @@ class StoreQueue:
         workers: int,
         shutdown_grace: float,
         clock: Callable[[], float] = time.monotonic,
+        timeout: float | None = None,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an int >= 0, got {workers!r}")
+        try:
+            check_timeout(timeout, "timeout")
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
         self.shutdown_grace = _check_grace(shutdown_grace, "shutdown_grace")
         self.workers = workers
         self._store = store
         self._registry = Registry()
         self._dead_letters = DeadLetterHandlers()
-        self._pool = WorkerPool(store, self._registry, self._dead_letters, workers=workers, clock=clock)
+        self._pool = WorkerPool(
+            store, self._registry, self._dead_letters, workers=workers, clock=clock, timeout=timeout
+        )
         # start() and shutdown() one at a time; re-entrant so that a signal
         # handler calling shutdown() in the middle of start() cannot deadlock.
         self._lifecycle = threading.RLock()
@@ -180,6 +187,15 @@ class StoreQueue:
             handed_back,
             extra={"handed_back": handed_back},
         )
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds a run of a job without a ``TIMEOUT`` of its own may take (None: no limit)."""
+        return self._pool.timeout
+
+    def settle_timers(self, timeout: float = 5.0) -> bool:
+        """Wait until what the queue's clock has made due is handed over (for tests with an injected clock)."""
+        return self._pool.settle_timers(timeout)
 
     def worker_threads(self) -> list[threading.Thread]:
         """The threads of this queue's running workers."""

@@ -6,7 +6,7 @@ import threading
 from typing import TypeVar
 
 from .errors import QueueError
-from .job import Job, check_max_attempts, check_name
+from .job import Job, check_max_attempts, check_name, check_timeout
 
 J = TypeVar("J", bound=type[Job])
 
@@ -21,6 +21,7 @@ class Registry:
             raise TypeError(f"register() takes a subclass of syncjobs.Job, got {job_cls!r}")
         name = check_name(job_cls)
         check_max_attempts(job_cls)
+        check_timeout(job_cls.TIMEOUT, f"job class {job_cls.__qualname__}: TIMEOUT")
         with self._lock:
             taken = self._by_name.setdefault(name, job_cls)
         if taken is not job_cls:

@@ -17,14 +17,14 @@ from .urls import mask_url
 
 logger = logging.getLogger("syncjobs")
 
-KNOWN_KEYS = frozenset({"backend", "url", "concurrency", "shutdown_grace"})
+KNOWN_KEYS = frozenset({"backend", "url", "concurrency", "shutdown_grace", "timeout"})
 DATABASE_BACKENDS = {"sqlite": SQLITE, "postgresql": POSTGRES, "mysql": MYSQL}
 AVAILABLE_BACKENDS = ("memory", *DATABASE_BACKENDS)
 DEFAULT_CONCURRENCY = 4
 
 
 def from_settings(settings: Mapping[str, Any]) -> JobQueue:
-    """A queue from ``{"backend", "url", "concurrency", "shutdown_grace"}``; unknown keys are refused."""
+    """A queue from ``{"backend", "url", "concurrency", "shutdown_grace", "timeout"}``; unknown keys are refused."""
     _check_keys(settings)
     backend = settings.get("backend", "memory")
     url = settings.get("url")
@@ -86,6 +86,7 @@ def _database_queue(url: str, settings: Mapping[str, Any]) -> DatabaseJobQueue:
             url,
             workers=DEFAULT_CONCURRENCY if concurrency is None else concurrency,
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
+            timeout=settings.get("timeout"),
         )
     except ValueError as exc:
         raise QueueError(f"bad settings: {exc}") from exc
@@ -98,6 +99,7 @@ def _memory_queue(settings: Mapping[str, Any]) -> InMemoryJobQueue:
         return InMemoryJobQueue(
             DEFAULT_CONCURRENCY if concurrency is None else concurrency,
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
+            timeout=settings.get("timeout"),
         )
     except ValueError as exc:
         raise QueueError(f"bad settings: {exc}") from exc

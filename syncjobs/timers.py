@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+logger = logging.getLogger("syncjobs")
 
 Clock = Callable[[], float]
 
@@ -38,14 +41,22 @@ class TimerHeap(Generic[T]):
         # Times the thread has handed over all that was due and gone to sleep.
         self._passes = 0
 
-    def push(self, due: float, item: T) -> None:
-        """Hold ``item`` until ``due`` (a reading of the clock)."""
+    def push(self, due: float, item: T) -> int:
+        """Hold ``item`` until ``due`` (a reading of the clock); returns how many items wait now."""
         with self._cond:
             heapq.heappush(self._heap, (due, next(self._seq), item))
             if self._heap[0][2] is item:
                 # Earlier than what the thread sleeps towards: wake it. All
                 # waiters, since settle() callers wait on this Condition too.
                 self._cond.notify_all()
+            return len(self._heap)
+
+    def prune(self, keep: Callable[[T], bool]) -> int:
+        """Drop the waiting items ``keep`` refuses (in one pass, O(n)); returns how many wait on."""
+        with self._cond:
+            self._heap = [entry for entry in self._heap if keep(entry[2])]
+            heapq.heapify(self._heap)
+            return len(self._heap)
 
     def pop_due(self, now: float) -> list[T]:
         """Remove and return, earliest first, every item due at or before ``now``."""
@@ -121,4 +132,7 @@ class TimerHeap(Generic[T]):
                     self._cond.wait(None if timeout is None else min(timeout, threading.TIMEOUT_MAX))
             # Hand over outside the lock, so push() never waits on on_due.
             for item in ready:
-                self._on_due(item)
+                try:
+                    self._on_due(item)
+                except BaseException:  # this thread serves every later item too
+                    logger.exception("%s: handing over a due item failed", self._name)

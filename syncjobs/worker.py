@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import enum
 import logging
@@ -23,11 +24,12 @@ from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import Cancelled, Fatal, Retryable
-from .job import Job
+from .job import Job, check_timeout
 from .payload import dead_letter_from_text, decode
 from .protocols import Store
 from .registry import Registry
 from .retry import retry_backoff
+from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
 
@@ -36,6 +38,8 @@ logger = logging.getLogger("syncjobs")
 _IDLE_EXIT_BOUND = 1.0
 #: What popping a run that is no longer in ``WorkerPool._running`` returns.
 _GONE = object()
+#: Deadlines waiting before those of finished runs are pruned, at least.
+_PRUNE_AT_LEAST = 1024
 #: Who decides whether a run begins (see ``_Run.decide``).
 _WORKER = object()
 _SHUTDOWN = object()
@@ -72,11 +76,12 @@ RunWrapper = Callable[[], AbstractContextManager[object]]
 
 
 class _Run:
-    """One run in progress; ``abandoned`` once shutdown has handed it back."""
+    """One run in progress; ``abandoned`` once shutdown or its timeout has taken its outcome away."""
 
-    __slots__ = ("_deciders", "abandoned", "context", "envelope", "info", "started")
+    __slots__ = ("_deciders", "abandoned", "context", "envelope", "generation", "info", "job", "started", "timeout")
 
-    def __init__(self, envelope: Envelope) -> None:
+    def __init__(self, envelope: Envelope, generation: _Generation) -> None:
+        self.generation = generation
         self.started = time.perf_counter()
         self.envelope = envelope
         self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts)
@@ -85,6 +90,9 @@ class _Run:
         self.context = envelope.context.copy()
         self.abandoned = False
         self._deciders: list[object] = []
+        #: The job being run, once rebuilt from its payload; its timeout, once it has one.
+        self.job: Job | None = None
+        self.timeout: float | None = None
 
     def decide(self, by: object) -> bool:
         """Whether ``by`` is the first to decide if this run begins: the worker, or shutdown before it.
@@ -112,6 +120,7 @@ class _Generation:
 
     stopping: threading.Event
     executor: ThreadPoolExecutor | None = None
+    #: Every worker's slot and future; a spare (see ``WorkerPool._timed_out``) is added under the pool's lock.
     workers: list[tuple[_Slot, concurrent.futures.Future[None]]] = dataclasses.field(default_factory=list)
 
 
@@ -150,6 +159,7 @@ class WorkerPool:
         *,
         workers: int,
         clock: Callable[[], float],
+        timeout: float | None = None,
     ) -> None:
         self._store = store
         self._registry = registry
@@ -169,6 +179,15 @@ class WorkerPool:
         # wakes the shutdown that waits out the grace.
         self._grace_cut = threading.Event()
         self._shutdown_wake: threading.Event | None = None
+        #: Seconds a run of a job without a TIMEOUT of its own may take; None: no limit.
+        self.timeout = check_timeout(timeout, "timeout")
+        # The deadlines of runs with a timeout, on the pool's clock; their
+        # thread starts with the first such run. A run that finishes in time
+        # leaves its entry behind (a heap cannot drop one cheaply): at its
+        # deadline it is not found among the running ones, and entries of
+        # finished runs are pruned in one pass once they outnumber the rest.
+        self._deadlines: TimerHeap[_Run] = TimerHeap(self._timed_out, clock=clock, name="syncjobs-deadlines")
+        self._prune_deadlines_at = _PRUNE_AT_LEAST
 
     @property
     def started(self) -> bool:
@@ -183,7 +202,7 @@ class WorkerPool:
         generation = self._generation
         if generation is None:
             return []
-        return [slot.thread for slot, _ in generation.workers if slot.thread is not None]
+        return [slot.thread for slot, future in generation.workers if slot.thread is not None and not future.done()]
 
     def stop_claiming(self) -> None:
         """Take no new job; runs in progress go on, and ``shutdown()`` still ends the workers."""
@@ -227,9 +246,17 @@ class WorkerPool:
             executor = ThreadPoolExecutor(self._workers, thread_name_prefix="syncjobs-worker")
             generation.executor = executor
             for _ in range(self._workers):
-                slot = _Slot()
-                generation.workers.append((slot, executor.submit(self._loop, generation, slot)))
-                generation.workers[-1][1].add_done_callback(_report_crash)
+                self._add_worker(generation, executor)
+
+    def _add_worker(self, generation: _Generation, executor: ThreadPoolExecutor) -> None:
+        slot = _Slot()
+        future = executor.submit(self._loop, generation, slot)
+        generation.workers.append((slot, future))
+        future.add_done_callback(_report_crash)
+
+    def settle_timers(self, timeout: float = 5.0) -> bool:
+        """Wait until every run whose deadline the clock has passed is timed out (for tests that move the clock)."""
+        return self._deadlines.settle(timeout)
 
     def shutdown(self, grace: float) -> int:
         """Stop claiming, give running jobs ``grace`` seconds in all, then hand back the rest; returns how many."""
@@ -240,9 +267,11 @@ class WorkerPool:
         with self._lock:
             generation.stopping.set()
             self._generation = None
-        self._store.wake(len(generation.workers))
+            # No worker is added once stopping is set (see _timed_out).
+            workers = list(generation.workers)
+        self._store.wake(len(workers))
         # One deadline shared by all workers, not grace per worker.
-        self._wait_for_workers([future for _, future in generation.workers], deadline)
+        self._wait_for_workers(workers, deadline)
         with self._lock:
             taken = [run for run in list(self._running) if self._running.pop(run, _GONE) is not _GONE]
             # A run its worker had not begun yet is handed back as it is.
@@ -252,13 +281,13 @@ class WorkerPool:
                 run.abandoned = True
             # Under the lock, each slot read once: a worker finishing its run
             # clears slot.run at any moment.
-            stuck = {id(slot) for slot, _ in generation.workers if _abandoned(slot.run)}
+            stuck = {id(slot) for slot, _ in workers if _abandoned(slot.run)}
         # Idle workers may not have taken their wake-up yet (with a grace of
         # 0, say); they leave within microseconds. Waiting for them means no
         # worker of this generation stays blocked on the store to take a wake-up
         # or a job meant for the next start(); only workers stuck in an
         # abandoned run are left behind, and those never claim again.
-        idle = [future for slot, future in generation.workers if id(slot) not in stuck]
+        idle = [future for slot, future in workers if id(slot) not in stuck]
         concurrent.futures.wait(idle, timeout=_IDLE_EXIT_BOUND)
         try:
             for run in unbegun:
@@ -275,23 +304,28 @@ class WorkerPool:
                 )
                 self._report(run, self._hand_back(envelope, "aborted at shutdown"), "handed back at shutdown")
         finally:
+            self._deadlines.stop()
+            # Threads stuck in a job that ignores its cancel token are left
+            # behind; the next start() builds fresh executors.
             if generation.executor is not None:
-                # Threads stuck in a job that ignores its cancel token are left
-                # behind; the next start() builds a fresh executor.
                 generation.executor.shutdown(wait=False)
         return len(stranded)
 
-    def _wait_for_workers(self, futures: list[concurrent.futures.Future[None]], deadline: float) -> None:
-        """Until every worker has left, the deadline passes, or end_grace() is called."""
+    def _wait_for_workers(self, workers: list[tuple[_Slot, concurrent.futures.Future[None]]], deadline: float) -> None:
+        """Until every worker has left (or is stuck in a run timed out), the deadline passes, or end_grace()."""
         wake = threading.Event()
         self._shutdown_wake = wake
         try:
-            for future in futures:
+            for _, future in workers:
                 future.add_done_callback(lambda _: wake.set())
             while True:
                 wake.clear()  # before the checks: a set() after them still ends the wait
                 remaining = deadline - time.monotonic()
-                if self._grace_cut.is_set() or remaining <= 0 or all(future.done() for future in futures):
+                if (
+                    self._grace_cut.is_set()
+                    or remaining <= 0
+                    or all(future.done() or _abandoned(slot.run) for slot, future in workers)
+                ):
                     return
                 wake.wait(remaining)
         finally:
@@ -327,15 +361,19 @@ class WorkerPool:
             envelope = store.claim(stopping)
             if envelope is None:
                 continue
-            run = _Run(envelope)
+            run = _Run(envelope, generation)
             slot.run = run
             if not self._admit(run, stopping):
                 slot.run = None
                 return
             try:
-                self._apply(run, *self._execute(run))
+                applied = self._apply(run, *self._execute(run))
             finally:
                 slot.run = None
+            if not applied:
+                # Shutdown or the run's timeout took it: after a timeout, a
+                # spare worker serves in this one's place.
+                return
 
     def _admit(self, run: _Run, stopping: threading.Event) -> bool:
         """Begin ``run`` unless shutdown has begun or the limit is reached; a run not begun is handed back unspent.
@@ -373,6 +411,10 @@ class WorkerPool:
             job = run.context.run(job_cls.from_payload, decode(envelope.payload))
         except BaseException as exc:  # noqa: BLE001 - whatever from_payload raises, the job cannot run
             return Outcome.DEAD, f"cannot be run: payload does not fit {envelope.name!r}: {_describe(exc)}", None, exc
+        run.job = job
+        timeout = job_cls.TIMEOUT if job_cls.TIMEOUT is not None else self.timeout
+        if timeout is not None and not run.generation.stopping.is_set():
+            self._watch(run, timeout)
         try:
             run.context.run(_invoke, job, run.info, self._wrappers)
         except Cancelled:
@@ -386,14 +428,92 @@ class WorkerPool:
             return Outcome.RETRY, f"job raised {_describe(exc)}", job, exc
         return Outcome.DONE, "", job, None
 
-    def _apply(self, run: _Run, outcome: Outcome, error: str, job: Job | None, exc: BaseException | None) -> None:
+    def _watch(self, run: _Run, timeout: float) -> None:
+        """Time ``run`` out ``timeout`` seconds from now."""
+        run.timeout = timeout
+        self._deadlines.start()  # a no-op once it runs
+        waiting = self._deadlines.push(self._clock() + timeout, run)
+        if waiting > self._prune_deadlines_at:
+            waiting = self._deadlines.prune(lambda entry: entry in self._running)
+            self._prune_deadlines_at = max(_PRUNE_AT_LEAST, 2 * waiting)
+
+    def _timed_out(self, run: _Run) -> None:
+        """On the deadline thread: a run past its timeout is cancelled and a spare worker takes its place.
+
+        Taking the run from ``_running`` takes its outcome from its worker:
+        whatever the job does later (it may ignore its token for ever) is
+        void, and that worker leaves once the job returns. The spare first
+        applies the failure by the usual rules (a retry or a dead letter: user
+        code and store writes, kept off this thread, which serves every other
+        deadline), then serves, so the pool keeps its width.
+        """
+        if self._running.pop(run, _GONE) is _GONE:
+            return  # finished in time, or shutdown took it
+        run.abandoned = True
+        run.info.cancel()
+        wake = self._shutdown_wake
+        if wake is not None:  # a shutdown waits for this worker: no longer
+            wake.set()
+        envelope = run.envelope
+        logger.warning(
+            "job %s (%s) timed out after %gs: cancelled, and whatever it does from now on is ignored",
+            envelope.name,
+            envelope.id,
+            run.timeout,
+            extra=_extra(envelope),
+        )
+        with self._lock:
+            generation = run.generation
+            current = generation is self._generation and not generation.stopping.is_set()
+            if current and self._add_spare(generation, run):
+                return
+        # Shutting down (whose wait for this thread bounds the write), or no thread could start.
+        self._fail_timed_out(run)
+
+    def _add_spare(self, generation: _Generation, timed_out: _Run) -> bool:
+        """Start a worker that fails ``timed_out``, then serves; under ``_lock``. False if it cannot start."""
+        slot = _Slot()
+        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def serve() -> None:
+            future.set_running_or_notify_cancel()
+            try:
+                slot.thread = threading.current_thread()
+                self._fail_timed_out(timed_out)
+                self._loop(generation, slot)
+            except BaseException as exc:  # noqa: BLE001 - a crash of the loop, reported by _report_crash
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+        # Not a daemon, like the executor's threads: the exit hook stops it.
+        thread = threading.Thread(target=serve, name="syncjobs-worker-spare")
+        try:
+            thread.start()
+        except RuntimeError:  # the interpreter is exiting, or out of threads
+            logger.exception("no spare worker could start for the timed-out job %s", timed_out.envelope.id)
+            return False
+        future.add_done_callback(_report_crash)
+        # Workers that have left (those freed from a timed-out run) are dropped here.
+        generation.workers = [worker for worker in generation.workers if not worker[1].done()]
+        generation.workers.append((slot, future))
+        return True
+
+    def _fail_timed_out(self, run: _Run) -> None:
+        error = f"timed out after {run.timeout:g}s"
+        # The job's thread may still be inside the run's context, which no
+        # other thread can enter: retry_wait() gets a copy of the dispatcher's.
+        retry_in = self._retry(run, error, run.job, None, context=run.envelope.context.copy())
+        self._report(run, Outcome.RETRY if retry_in is not None else Outcome.DEAD, error, retry_in)
+
+    def _apply(self, run: _Run, outcome: Outcome, error: str, job: Job | None, exc: BaseException | None) -> bool:
+        """Apply the run's outcome; False if shutdown or its timeout took the run first (the outcome is void)."""
         envelope = run.envelope
         if self._running.pop(run, _GONE) is _GONE:
-            # Shutdown already handed this run back: its late outcome is void.
             logger.debug(
                 "late finish of abandoned job %s (%s) ignored", envelope.name, envelope.id, extra=_extra(envelope)
             )
-            return
+            return False
         retry_in = None
         if outcome is Outcome.DONE:
             self._store.complete(envelope)
@@ -410,16 +530,31 @@ class WorkerPool:
             if retry_in is None:
                 outcome = Outcome.DEAD
         self._report(run, outcome, error, retry_in)
+        return True
 
-    def _retry(self, run: _Run, error: str, job: Job | None, exc: BaseException | None) -> float | None:
-        """Park the job for its next run; returns the wait, or None when it became a dead letter."""
+    def _retry(
+        self,
+        run: _Run,
+        error: str,
+        job: Job | None,
+        exc: BaseException | None,
+        context: contextvars.Context | None = None,
+    ) -> float | None:
+        """Park the job for its next run; returns the wait, or None when it became a dead letter.
+
+        ``retry_wait()`` runs in ``context``, by default the run's.
+        """
         envelope = run.envelope
         failed = envelope.attempt
         envelope.attempt += 1
         if envelope.attempt >= envelope.max_attempts:
             self._dead(envelope, error, exc)
             return None
-        wait = retry_backoff(failed) if job is None else _retry_wait(job, failed, run)
+        wait = (
+            retry_backoff(failed)
+            if job is None
+            else _retry_wait(job, failed, run, run.context if context is None else context)
+        )
         # INFO: a retry is the queue working as designed; the dead letter, if
         # it comes to that, is the WARNING or ERROR.
         logger.info(
@@ -470,11 +605,11 @@ def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> None:
         reset_current(token)
 
 
-def _retry_wait(job: Job, failed: int, run: _Run) -> float:
-    """The job's own wait, run in its context; the default backoff if that fails or makes no sense."""
+def _retry_wait(job: Job, failed: int, run: _Run, context: contextvars.Context) -> float:
+    """The job's own wait, run in ``context``; the default backoff if that fails or makes no sense."""
     envelope = run.envelope
     try:
-        wait = float(run.context.run(job.retry_wait, failed))
+        wait = float(context.run(job.retry_wait, failed))
     except BaseException:  # user code: whatever it raises, the worker goes on
         logger.exception(
             "retry_wait() of job %s (%s) failed; using the default backoff",

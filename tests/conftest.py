@@ -122,7 +122,7 @@ class Backend:
             if clock is not None:
                 # The timer thread sleeps on real time: after a jump of the fake
                 # clock, wait until it has handed over whatever became due.
-                clock.listeners.append(queue._memory.timers.settle)
+                clock.listeners.append(queue.settle_timers)
         else:
             if clock is not None:
                 pytest.skip("a database queue keeps time by the database's clock, which a test cannot move")

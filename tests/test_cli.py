@@ -161,6 +161,27 @@ def test_a_worker_runs_the_function_tasks_of_the_modules_it_imports(db_url: str,
     assert rows(db_url, table) == [("cli.shout", "dead", 1)]
 
 
+def test_timeout_fails_a_run_that_takes_too_long_and_the_worker_exits_without_its_thread(
+    db_url: str, table: str
+) -> None:
+    [job_id] = dispatch(db_url, table, Stubborn(60))  # it ignores its cancel token
+    began = time.monotonic()
+    code, out, err = run(
+        "worker", "--url", db_url, "--table", table, "--import", "tests.cli_jobs", "--burst", "--timeout", "0.5"
+    )
+    assert code == 0, err
+    assert time.monotonic() - began < 30
+    assert f"started stubborn {job_id} attempt 0" in out
+    assert f"job cli.stubborn ({job_id}) timed out after 0.5s: cancelled" in err
+    assert re.search(rf"job cli\.stubborn \({job_id}\) run 1 of 5 in [\d.]+ms: failed, retry in 1s: timed out", err)
+    assert rows(db_url, table) == [("cli.stubborn", "queued", 1)]  # its retry waits for the next worker
+    code, _, err = run("worker", "--url", db_url, "--table", table, "--timeout", "0")
+    assert (code, err.strip()) == (
+        1,
+        "syncjobs worker: error: timeout must be a number of seconds > 0 (or None), got 0.0",
+    )
+
+
 def test_json_logs_carry_the_job_fields(db_url: str, table: str) -> None:
     [job_id] = dispatch(db_url, table, Quick(1))
     code, _, err = run(

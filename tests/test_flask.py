@@ -104,6 +104,16 @@ def test_flask_syncjobs_worker_burst_runs_what_the_web_process_dispatched(
         state(app).shutdown()
 
 
+def test_syncjobs_timeout_is_the_default_timeout_of_the_apps_queues(tmp_path: Path) -> None:
+    app = create_app(SYNCJOBS_URL=f"sqlite:///{tmp_path / 'jobs.db'}", SYNCJOBS_TIMEOUT=45)
+    try:
+        assert state(app).queue().timeout == 45.0
+        assert [q.timeout for q in state(app).worker_queues(["a", "b"], None, None)] == [45.0, 45.0]
+        assert create_app().extensions["syncjobs"].queue().timeout is None
+    finally:
+        state(app).shutdown()
+
+
 def test_the_worker_command_refuses_memory(tmp_path: Path) -> None:
     result = create_app().test_cli_runner().invoke(args=["syncjobs", "worker", "--burst"])
     assert result.exit_code == 1

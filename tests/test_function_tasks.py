@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import math
 import threading
 import time
@@ -84,6 +85,93 @@ def test_calling_a_task_calls_its_function_here_and_enqueues_nothing(make_queue:
     assert queue.pending_count() == 0
 
 
+def test_arguments_travel_by_name_so_a_reordered_function_still_gets_them_right(make_queue: QueueFactory) -> None:
+    before, after = make_queue(), make_queue()
+    calls = Calls()
+
+    @before.task(name="tests.reordered", max_attempts=1)
+    def old(a: int, b: int, /, c: int, d: int = 0, *, e: int = 0) -> None:
+        raise syncjobs.Fatal("show the payload")
+
+    @after.task(name="tests.reordered")
+    def new(a: int, b: int, /, d: int = 0, c: int = 0, *, e: int = 0) -> None:
+        calls.add((a, b, c, d, e))
+
+    letters: list[syncjobs.DeadLetter] = []
+    before.on_dead_letter(letters.append)
+    with before:
+        old.dispatch(1, 2, 3, 4, e=5)
+        assert before.join(WAIT)
+    [letter] = letters
+    payload = letter.payload
+    assert payload == {"args": [1, 2], "kwargs": {"c": 3, "d": 4, "e": 5}}
+    with after:  # the same job, after a deploy that swapped c and d
+        after.dispatch(new.job_class(payload["args"], payload["kwargs"]))
+        assert after.join(WAIT)
+    assert calls.seen == [(1, 2, 3, 4, 5)]
+
+
+def test_a_call_that_fills_star_args_keeps_its_positions(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    calls = Calls()
+    letters: list[syncjobs.DeadLetter] = []
+    queue.on_dead_letter(letters.append)
+
+    @queue.task(name="tests.spread", max_attempts=1)
+    def spread(first: int, *rest: int, **extra: int) -> None:
+        calls.add((first, rest, extra))
+        raise syncjobs.Fatal("show the payload")
+
+    with queue:
+        spread.dispatch(1)
+        spread.dispatch(1, 2, 3, x=4)
+        assert queue.join(WAIT)
+    assert sorted(calls.seen) == [(1, (), {}), (1, (2, 3), {"x": 4})]
+    assert sorted(str(d.payload) for d in letters) == [
+        "{'args': [1, 2, 3], 'kwargs': {'x': 4}}",
+        "{'args': [], 'kwargs': {'first': 1}}",
+    ]
+
+
+def test_a_wrapped_function_is_checked_by_the_wrappers_own_signature(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    calls = Calls()
+
+    def with_session(function: Any) -> Any:
+        @functools.wraps(function)
+        def wrapper(user_id: int) -> None:
+            function("session", user_id)
+
+        return wrapper
+
+    @queue.task(name="tests.wrapped")
+    @with_session
+    def wrapped(session: str, user_id: int) -> None:
+        calls.add((session, user_id))
+
+    with queue:
+        wrapped.dispatch(42)
+        with pytest.raises(syncjobs.QueueError, match=r"wrapped\(\) takes 1 positional argument but 2 were given"):
+            wrapped.dispatch("session", 42)
+        assert queue.join(WAIT)
+    assert calls.seen == [("session", 42)]
+
+
+def test_a_refused_option_is_not_hidden_by_an_argument_python_binds_oddly(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=0)
+
+    @queue.task(name="tests.odd")
+    def odd(a: int, b: int = 1, /, **extra: Any) -> None:
+        pass
+
+    # b is positional-only and also a key of **extra: Python accepts it, Signature.bind() did not.
+    with pytest.raises(syncjobs.QueueError, match=r"job 'tests.odd': delay must be >= 0 and finite"):
+        odd.using(delay=-1).dispatch(1, b=2)
+    with pytest.raises(syncjobs.QueueError, match=r"task 'tests.odd': argument 'x' is an object"):
+        odd.dispatch(1, b=2, x=object())
+    assert queue.pending_count() == 0
+
+
 def test_a_task_is_named_by_its_dotted_path_unless_given_a_name() -> None:
     queue = syncjobs.InMemoryJobQueue(workers=0)
     task = queue.task(module_level)
@@ -109,6 +197,8 @@ def test_what_a_worker_could_not_import_is_refused_at_decoration() -> None:
         queue.task(len)
     with pytest.raises(TypeError, match="takes a plain function"):
         queue.task(ProbeJob)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"Calls\.add is not a module-level function"):
+        queue.task(Calls.add)  # a method: a Task is no descriptor, it would never get its self
     assert queue.registered_names() == []
 
 
@@ -168,10 +258,8 @@ def test_a_failing_task_follows_its_own_policy_and_dead_letters_with_its_argumen
         job_id = flaky.dispatch(7, reason="boom")
         assert queue.join(WAIT)
     assert calls.wait(2) == [7, 7]
-    assert letters == [
-        syncjobs.DeadLetter(job_id, "tests.flaky", {"args": [7], "kwargs": {"reason": "boom"}}, 2, letters[0].error)
-    ]
-    assert letters[0].error == "job raised ValueError: boom"
+    payload = {"args": [], "kwargs": {"user_id": 7, "reason": "boom"}}  # by name: see the reordering test
+    assert letters == [syncjobs.DeadLetter(job_id, "tests.flaky", payload, 2, "job raised ValueError: boom")]
 
 
 def test_a_tasks_retry_wait_may_be_a_tenacity_strategy(backend: Backend) -> None:

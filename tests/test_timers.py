@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from syncjobs.timers import TimerHeap
 from tests.helpers import WAIT, FakeClock
 
@@ -124,3 +126,37 @@ def test_start_twice_runs_one_thread() -> None:
     finally:
         heap.stop()
     assert "syncjobs-timer-under-test" not in [t.name for t in threading.enumerate()]
+
+
+def test_an_item_whose_hand_over_raises_is_logged_and_the_thread_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock(0.0)
+    delivered: list[str] = []
+    done = threading.Event()
+
+    def on_due(item: str) -> None:
+        if item == "bad":
+            raise SystemExit("not even this stops the timer thread")
+        delivered.append(item)
+        done.set()
+
+    heap = TimerHeap(on_due, clock=clock)
+    clock.listeners.append(heap.settle)
+    heap.start()
+    try:
+        heap.push(1.0, "bad")
+        heap.push(2.0, "good")
+        clock.advance(2.0)
+        assert done.wait(WAIT)
+        assert delivered == ["good"]
+        assert any("handing over a due item failed" in r.getMessage() for r in caplog.records)
+    finally:
+        heap.stop()
+
+
+def test_prune_drops_what_is_refused_and_keeps_the_order_of_the_rest() -> None:
+    heap: TimerHeap[str] = TimerHeap(lambda item: None)
+    for due, item in [(5.0, "e"), (1.0, "a"), (3.0, "c"), (2.0, "b"), (4.0, "d")]:
+        assert heap.push(due, item) == len(heap)
+    assert heap.prune(lambda item: item in {"b", "d", "e"}) == 3
+    assert heap.entries() == [(2.0, "b"), (4.0, "d"), (5.0, "e")]
+    assert heap.pop_due(4.5) == ["b", "d"]

@@ -135,6 +135,7 @@ def queue_for(
     workers: int | None = None,
     queue: str | None = None,
     grace: float | None = None,
+    timeout: float | None = None,
 ) -> DatabaseJobQueue:
     """The queue a command works on, with the job classes of ``imports`` registered."""
     if app and url:
@@ -144,13 +145,14 @@ def queue_for(
             base = load_app(app)
             if table and table != base.table:
                 raise CommandError(f"APP {app!r} uses table {base.table!r}; --table {table!r} does not match it")
-            found = base.for_queue(queue, workers=workers, shutdown_grace=grace)
+            found = base.for_queue(queue, workers=workers, shutdown_grace=grace, timeout=timeout)
         else:
             found = DatabaseJobQueue(
                 database_url(url),
                 workers=4 if workers is None else workers,
                 queue=queue or "default",
                 shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
+                timeout=timeout,
                 table=table or DEFAULT_TABLE,
             )
     except (ValueError, QueueError) as exc:

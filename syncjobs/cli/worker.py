@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds running jobs get to finish after the first SIGTERM/SIGINT (default: the queue's, 5)",
     )
     parser.add_argument(
+        "--timeout",
+        type=seconds,
+        help="seconds a run may take before it is cancelled and counts as failed, for jobs without a TIMEOUT "
+        "of their own (default: the APP queue's, else no limit)",
+    )
+    parser.add_argument(
         "--max-jobs", type=positive_int, metavar="N", help="exit (cleanly, with the grace) after N job runs"
     )
     parser.add_argument(
@@ -89,6 +95,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 workers=args.workers,
                 queue=name,
                 grace=args.grace,
+                timeout=args.timeout,
             )
         )
     return serve(queues, max_jobs=args.max_jobs, burst=args.burst, out=out, exit_if_stuck=True)

@@ -45,6 +45,7 @@ class DatabaseJobQueue(StoreQueue):
         workers: int = 4,
         queue: str = "default",
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
+        timeout: float | None = None,
         lease: float = 30.0,
         poll_interval: float = 1.0,
         table: str = "syncjobs_jobs",
@@ -78,6 +79,7 @@ class DatabaseJobQueue(StoreQueue):
             prefetch=prefetch,
             clock=clock,
             connect_args=connect_args,
+            timeout=timeout,
         )
         self._schema_ready = False
         connector = Connector(url, connect_args)
@@ -96,7 +98,7 @@ class DatabaseJobQueue(StoreQueue):
             workers=workers,
             clock=clock,
         )
-        super().__init__(self._db, workers=workers, shutdown_grace=shutdown_grace, clock=clock)
+        super().__init__(self._db, workers=workers, shutdown_grace=shutdown_grace, clock=clock, timeout=timeout)
         self._prefetch = self._db.prefetch
         self._db.on_expired_dead = self._expired_dead
         #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
@@ -111,9 +113,14 @@ class DatabaseJobQueue(StoreQueue):
         )
 
     def for_queue(
-        self, queue: str | None = None, *, workers: int | None = None, shutdown_grace: float | None = None
+        self,
+        queue: str | None = None,
+        *,
+        workers: int | None = None,
+        shutdown_grace: float | None = None,
+        timeout: float | None = None,
     ) -> DatabaseJobQueue:
-        """A queue on the same table and settings, for another queue name or worker count.
+        """A queue on the same table and settings, for another queue name, worker count, grace or timeout.
 
         It runs the same job classes, inside the same run wrappers, and calls
         the same dead-letter callbacks: registering on either registers on both.
@@ -123,7 +130,7 @@ class DatabaseJobQueue(StoreQueue):
             workers=self.workers if workers is None else workers,
             queue=self.queue_name if queue is None else queue,
             shutdown_grace=self.shutdown_grace if shutdown_grace is None else shutdown_grace,
-            **self._options,
+            **{**self._options, **({} if timeout is None else {"timeout": timeout})},
         )
         twin.share_jobs_of(self)
         return twin

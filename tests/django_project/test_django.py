@@ -162,6 +162,19 @@ def test_bad_settings_name_the_key() -> None:
         pytest.raises(ImproperlyConfigured, match=r"unknown key.*'THREADS'"),
     ):
         sj.get_queue()
+    with (
+        override_settings(SYNCJOBS={"TIMEOUT": "30"}),
+        pytest.raises(ImproperlyConfigured, match=r"SYNCJOBS TIMEOUT must be a number of seconds > 0 \(or None\)"),
+    ):
+        sj.get_queue()
+
+
+def test_a_timeout_in_the_settings_is_every_queues_default(alias: str) -> None:
+    with override_settings(SYNCJOBS={"DATABASE": alias, "TIMEOUT": 30}):
+        assert sj.get_queue().timeout == 30.0
+        assert [queue.timeout for queue in sj.worker_queues(["default", "reports"])] == [30.0, 30.0]
+    with override_settings(SYNCJOBS={"BACKEND": "memory", "TIMEOUT": 2.5}):
+        assert sj.get_queue().timeout == 2.5
 
 
 def test_the_worker_command_refuses_the_memory_backend() -> None:

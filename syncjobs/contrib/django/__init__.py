@@ -129,7 +129,7 @@ def _build(config: conf.Config, name: str, *, workers: int | None = None, grace:
     workers = config.workers if workers is None else workers
     grace = config.shutdown_grace if grace is None else grace
     if config.backend == "memory":
-        queue = InMemoryJobQueue(workers, shutdown_grace=grace)
+        queue = InMemoryJobQueue(workers, shutdown_grace=grace, timeout=config.timeout)
     else:
         url, connect_args = (config.url, {}) if config.url else conf.connection_for(config.database or DEFAULT_DB_ALIAS)
         # With DATABASE, the table is the app's migration's: never created behind it.
@@ -139,6 +139,7 @@ def _build(config: conf.Config, name: str, *, workers: int | None = None, grace:
             workers=workers,
             queue=name,
             shutdown_grace=grace,
+            timeout=config.timeout,
             table=conf.TABLE,
             auto_schema=config.database is None,
         )

@@ -13,7 +13,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-KNOWN_KEYS = ("BACKEND", "URL", "DATABASE", "WORKERS", "QUEUES", "SHUTDOWN_GRACE")
+from ...job import check_timeout
+
+KNOWN_KEYS = ("BACKEND", "URL", "DATABASE", "WORKERS", "QUEUES", "SHUTDOWN_GRACE", "TIMEOUT")
 BACKENDS = ("memory", "database")
 #: The jobs table the app's migration creates.
 TABLE = "syncjobs_jobs"
@@ -29,6 +31,8 @@ class Config:
     workers: int
     queues: tuple[str, ...]
     shutdown_grace: float
+    #: Seconds a run of a job without a TIMEOUT of its own may take; None: no limit.
+    timeout: float | None = None
 
     @property
     def default_queue(self) -> str:
@@ -72,7 +76,11 @@ def read() -> Config:
     grace = raw.get("SHUTDOWN_GRACE", 5.0)
     if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not 0 <= grace < math.inf:
         raise ImproperlyConfigured(f"settings.SYNCJOBS SHUTDOWN_GRACE must be seconds >= 0, got {grace!r}")
-    return Config(backend, url, database, workers, tuple(queues), float(grace))
+    try:
+        timeout = check_timeout(raw.get("TIMEOUT"), "settings.SYNCJOBS TIMEOUT")
+    except TypeError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+    return Config(backend, url, database, workers, tuple(queues), float(grace), timeout)
 
 
 def connection_for(alias: str) -> tuple[str, dict[str, Any]]:

@@ -2,7 +2,7 @@
 
 Config keys: ``SYNCJOBS_URL`` (default ``memory://``), ``SYNCJOBS_WORKERS``
 (4), ``SYNCJOBS_QUEUES`` (``["default"]``), ``SYNCJOBS_GRACE`` (5 seconds),
-``SYNCJOBS_EMBEDDED`` (False). Each app's state is
+``SYNCJOBS_EMBEDDED`` (False), ``SYNCJOBS_TIMEOUT`` (None: no limit on a run). Each app's state is
 ``app.extensions["syncjobs"]``; jobs run inside an app context of the app
 that dispatched them. ``flask syncjobs worker`` runs the workers.
 
@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
     "SYNCJOBS_QUEUES": ["default"],
     "SYNCJOBS_GRACE": DEFAULT_SHUTDOWN_GRACE,
     "SYNCJOBS_EMBEDDED": False,
+    "SYNCJOBS_TIMEOUT": None,
 }
 
 
@@ -152,6 +153,7 @@ class AppQueues:
         options: dict[str, Any] = {
             "workers": workers,
             "shutdown_grace": self.app.config["SYNCJOBS_GRACE"] if grace is None else grace,
+            "timeout": self.app.config["SYNCJOBS_TIMEOUT"],
         }
         if not self.url.startswith("memory:"):
             options["queue"] = name
