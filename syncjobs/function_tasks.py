@@ -126,7 +126,7 @@ class Task(Generic[P, R]):
         That is ``connection=`` on a database queue, ``queue=`` in the Django
         and Flask integrations. Returns a new task; this one is unchanged.
         """
-        _check_options(self.name, options, self._allowed)
+        _refuse_unknown(options, self._allowed, f"task {self.name!r}: using() got unexpected option(s)")
         merged = {**self._options, **options}
         return Task(self.function, self.job_class, self._send, merged, self._allowed, call=self._call)
 
@@ -144,8 +144,9 @@ class Decorate(Protocol):
 class TaskDecorator:
     """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, retry_wait=…, timeout=…)``, on a queue or integration.
 
-    ``dispatch_options`` names what the decorator may fix for every dispatch
-    of the task (``queue=`` in an integration, say).
+    ``dispatch_options`` names what ``using()`` takes; ``task_options``, the
+    part of those the decorator may fix for every dispatch of the task
+    (``queue=`` in an integration, say).
     """
 
     register: Callable[[type[Job]], object]
@@ -182,10 +183,8 @@ class TaskDecorator:
         timeout: float | None = None,
         **options: Any,
     ) -> Task[..., Any] | Decorate:
-        unknown = set(options) - self.task_options
-        if unknown:
-            allowed = ", ".join(sorted({"name", "max_attempts", "retry_wait", "timeout", *self.task_options}))
-            raise TypeError(f"task() got unexpected argument(s) {', '.join(sorted(unknown))}; it takes {allowed}")
+        shown = frozenset({"name", "max_attempts", "retry_wait", "timeout", *self.task_options})
+        _refuse_unknown(options, self.task_options, "task() got unexpected argument(s)", shown)
         if retry_wait is not None and not callable(retry_wait):  # a tenacity wait is callable too
             raise TypeError(
                 f"retry_wait must be a function of the failed attempt or a tenacity wait, got {retry_wait!r}"
@@ -230,13 +229,14 @@ def _job_class(
     return type(function.__name__, (FunctionJob,), attributes)
 
 
-def _check_options(name: str, options: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    unknown = set(options) - allowed
+def _refuse_unknown(
+    options: Mapping[str, Any], accepted: frozenset[str], refusal: str, shown: frozenset[str] | None = None
+) -> None:
+    """``TypeError`` starting with ``refusal`` for keys of ``options`` not ``accepted``; it lists ``shown``."""
+    unknown = set(options) - accepted
     if unknown:
-        raise TypeError(
-            f"task {name!r}: using() got unexpected option(s) {', '.join(sorted(unknown))}; "
-            f"it takes {', '.join(sorted(allowed))}"
-        )
+        listed = ", ".join(sorted(accepted if shown is None else shown))
+        raise TypeError(f"{refusal} {', '.join(sorted(unknown))}; it takes {listed}")
 
 
 class _Default:

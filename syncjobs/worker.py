@@ -24,7 +24,7 @@ from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import Cancelled, Fatal, Retryable
-from .job import Job, check_timeout
+from .job import Job
 from .payload import dead_letter_from_text, decode
 from .protocols import Store
 from .registry import Registry
@@ -179,8 +179,8 @@ class WorkerPool:
         # wakes the shutdown that waits out the grace.
         self._grace_cut = threading.Event()
         self._shutdown_wake: threading.Event | None = None
-        #: Seconds a run of a job without a TIMEOUT of its own may take; None: no limit.
-        self.timeout = check_timeout(timeout, "timeout")
+        #: Seconds a run of a job without a TIMEOUT of its own may take (checked by the queue); None: no limit.
+        self.timeout = timeout
         # The deadlines of runs with a timeout, on the pool's clock; their
         # thread starts with the first such run. A run that finishes in time
         # leaves its entry behind (a heap cannot drop one cheaply): at its
@@ -503,7 +503,7 @@ class WorkerPool:
         error = f"timed out after {run.timeout:g}s"
         # The job's thread may still be inside the run's context, which no
         # other thread can enter: retry_wait() gets a copy of the dispatcher's.
-        retry_in = self._retry(run, error, run.job, None, context=run.envelope.context.copy())
+        retry_in = self._retry(run, error, run.job, None, run.envelope.context.copy())
         self._report(run, Outcome.RETRY if retry_in is not None else Outcome.DEAD, error, retry_in)
 
     def _apply(self, run: _Run, outcome: Outcome, error: str, job: Job | None, exc: BaseException | None) -> bool:
@@ -526,7 +526,7 @@ class WorkerPool:
                 envelope.attempt += 1
             self._dead(envelope, error, exc)
         else:
-            retry_in = self._retry(run, error, job, exc)
+            retry_in = self._retry(run, error, job, exc, run.context)
             if retry_in is None:
                 outcome = Outcome.DEAD
         self._report(run, outcome, error, retry_in)
@@ -538,11 +538,11 @@ class WorkerPool:
         error: str,
         job: Job | None,
         exc: BaseException | None,
-        context: contextvars.Context | None = None,
+        context: contextvars.Context,
     ) -> float | None:
         """Park the job for its next run; returns the wait, or None when it became a dead letter.
 
-        ``retry_wait()`` runs in ``context``, by default the run's.
+        ``retry_wait()`` runs in ``context``.
         """
         envelope = run.envelope
         failed = envelope.attempt
@@ -550,11 +550,7 @@ class WorkerPool:
         if envelope.attempt >= envelope.max_attempts:
             self._dead(envelope, error, exc)
             return None
-        wait = (
-            retry_backoff(failed)
-            if job is None
-            else _retry_wait(job, failed, run, run.context if context is None else context)
-        )
+        wait = retry_backoff(failed) if job is None else _retry_wait(job, failed, run, context)
         # INFO: a retry is the queue working as designed; the dead letter, if
         # it comes to that, is the WARNING or ERROR.
         logger.info(

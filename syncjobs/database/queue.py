@@ -125,12 +125,15 @@ class DatabaseJobQueue(StoreQueue):
         It runs the same job classes, inside the same run wrappers, and calls
         the same dead-letter callbacks: registering on either registers on both.
         """
+        options = dict(self._options)
+        if timeout is not None:
+            options["timeout"] = timeout
         twin = DatabaseJobQueue(
             self.url,
             workers=self.workers if workers is None else workers,
             queue=self.queue_name if queue is None else queue,
             shutdown_grace=self.shutdown_grace if shutdown_grace is None else shutdown_grace,
-            **{**self._options, **({} if timeout is None else {"timeout": timeout})},
+            **options,
         )
         twin.share_jobs_of(self)
         return twin
