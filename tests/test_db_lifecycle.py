@@ -426,7 +426,9 @@ def _fetcher_in_the_database() -> bool:
     for thread in threading.enumerate():
         frame = frames.get(thread.ident or -1) if thread.name == "syncjobs-fetcher" else None
         while frame is not None:
-            if frame.f_code.co_name == "_attempt" and frame.f_code.co_filename.endswith("connections.py"):
+            # _attempt_past_locks: between its tries at a locked database it sleeps outside _attempt.
+            name = frame.f_code.co_name
+            if name in {"_attempt", "_attempt_past_locks"} and frame.f_code.co_filename.endswith("connections.py"):
                 return True
             frame = frame.f_back
     return False
