@@ -6,7 +6,7 @@ Everything public is importable from here; see README.rst for the contract.
 from .context import RunInfo, current_job
 from .database import DatabaseJobQueue, DatabaseUnavailable, PgJobQueue
 from .envelope import DeadLetter
-from .errors import Cancelled, Fatal, JobError, QueueError, Retryable
+from .errors import Cancelled, Fatal, JobError, JobFailed, JobNotFound, QueueError, Retryable
 from .function_tasks import Task
 from .job import DEFAULT_MAX_ATTEMPTS, Job
 from .memory import InMemoryJobQueue
@@ -14,10 +14,12 @@ from .protocols import JobQueue
 from .queue import DEFAULT_SHUTDOWN_GRACE
 from .retry import MAX_BACKOFF, retry_backoff, wait_seconds
 from .settings import connect, from_settings, inmemory_from_settings
+from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_KEEP_RESULT",
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_SHUTDOWN_GRACE",
     "MAX_BACKOFF",
@@ -29,7 +31,11 @@ __all__ = [
     "InMemoryJobQueue",
     "Job",
     "JobError",
+    "JobFailed",
+    "JobHandle",
+    "JobNotFound",
     "JobQueue",
+    "JobStatus",
     "PgJobQueue",
     "QueueError",
     "Retryable",

@@ -23,8 +23,21 @@ class Envelope:
     attempt: int = 0
     #: The caller's context at dispatch; each run enters a fresh copy of it.
     context: contextvars.Context = dataclasses.field(default_factory=contextvars.Context)
+
+
+@dataclasses.dataclass(slots=True)
+class ClaimedEnvelope(Envelope):
+    """A database row claimed under a lease: the fields only a database store needs.
+
+    Apart, so that an in-memory job (which may wait by the million) does not
+    carry them.
+    """
+
     #: The lease token of a database claim; every change to the row is fenced on it.
     lease: str | None = None
+    #: The finished run's return value as JSON (None: nothing to keep), and for how many seconds to keep it.
+    result: str | None = None
+    keep: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

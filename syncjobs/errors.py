@@ -45,3 +45,20 @@ class Cancelled(BaseException):
     ``except Exception`` cannot swallow it by accident.  The run is handed back
     to the queue with its attempt spent, exactly as a run aborted at shutdown.
     """
+
+
+class JobNotFound(QueueError, LookupError):
+    """No record of the job: it was never dispatched, or it finished longer than its ``keep_result`` ago."""
+
+    kind = "job not found"
+
+
+class JobFailed(JobError):
+    """What ``result()`` raises for a job that ended as a dead letter; ``status`` says how it ended."""
+
+    kind = "job failed"
+
+    def __init__(self, message: str, status: object) -> None:
+        super().__init__(message)
+        #: The job's :class:`~syncjobs.JobStatus` when it was read.
+        self.status = status

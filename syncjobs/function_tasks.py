@@ -21,6 +21,7 @@ from .errors import QueueError
 from .job import DEFAULT_MAX_ATTEMPTS, Job
 from .payload import describe_arguments
 from .retry import retry_backoff, wait_seconds
+from .status import JobHandle
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -28,7 +29,7 @@ R = TypeVar("R")
 #: A task's own backoff: seconds after the 0-based failed run, or a tenacity wait strategy.
 RetryWait = Callable[[int], float] | wait_base
 #: Enqueues a job with dispatch options; returns its id (a queue's, or an integration's ``dispatch``).
-Send = Callable[..., str]
+Send = Callable[..., JobHandle]
 
 
 class FunctionJob(Job):
@@ -54,8 +55,8 @@ class FunctionJob(Job):
             )
         return cls(args, kwargs)
 
-    def run(self) -> None:
-        type(self).FUNCTION(*self.args, **self.kwargs)
+    def run(self) -> Any:
+        return type(self).FUNCTION(*self.args, **self.kwargs)
 
     def retry_wait(self, failed_attempt: int) -> float:
         wait = type(self).RETRY_WAIT
@@ -101,8 +102,8 @@ class Task(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.function(*args, **kwargs)
 
-    def dispatch(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Enqueue a call of the function with these arguments; returns the job's id.
+    def dispatch(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """Enqueue a call of the function with these arguments; returns the job's handle (its id).
 
         The arguments must bind to the function's parameters and survive a
         JSON round trip: a ``QueueError`` naming the task and the parameter
@@ -142,7 +143,9 @@ class Decorate(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class TaskDecorator:
-    """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, retry_wait=…, timeout=…)``, on a queue or integration.
+    """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, retry_wait=…, timeout=…, keep_result=…)``.
+
+    On a queue or an integration.
 
     ``dispatch_options`` names what ``using()`` takes; ``task_options``, the
     part of those the decorator may fix for every dispatch of the task
@@ -169,6 +172,7 @@ class TaskDecorator:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry_wait: RetryWait | None = None,
         timeout: float | None = None,
+        keep_result: float | None = None,
         **options: Any,
     ) -> Decorate: ...
 
@@ -181,9 +185,10 @@ class TaskDecorator:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         retry_wait: RetryWait | None = None,
         timeout: float | None = None,
+        keep_result: float | None = None,
         **options: Any,
     ) -> Task[..., Any] | Decorate:
-        shown = frozenset({"name", "max_attempts", "retry_wait", "timeout", *self.task_options})
+        shown = frozenset({"name", "max_attempts", "retry_wait", "timeout", "keep_result", *self.task_options})
         _refuse_unknown(options, self.task_options, "task() got unexpected argument(s)", shown)
         if retry_wait is not None and not callable(retry_wait):  # a tenacity wait is callable too
             raise TypeError(
@@ -191,7 +196,7 @@ class TaskDecorator:
             )
 
         def decorate(function: Callable[P, R]) -> Task[P, R]:
-            job_class = _job_class(function, name, max_attempts, retry_wait, timeout)
+            job_class = _job_class(function, name, max_attempts, retry_wait, timeout=timeout, keep_result=keep_result)
             self.register(job_class)
             return Task(function, job_class, self.send, options, self.dispatch_options)
 
@@ -205,7 +210,9 @@ def _job_class(
     name: str | None,
     max_attempts: int,
     retry_wait: RetryWait | None,
+    *,
     timeout: float | None,
+    keep_result: float | None,
 ) -> type[FunctionJob]:
     if not inspect.isfunction(function):
         raise TypeError(f"task() takes a plain function, got {function!r}")
@@ -221,6 +228,7 @@ def _job_class(
         "MAX_ATTEMPTS": max_attempts,
         "RETRY_WAIT": retry_wait,
         "TIMEOUT": timeout,
+        "KEEP_RESULT": keep_result,
         "FUNCTION": staticmethod(function),
         "__module__": function.__module__,
         "__qualname__": function.__qualname__,

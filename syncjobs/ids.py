@@ -21,3 +21,11 @@ def new_job_id() -> str:
     value = (millis << 80) | (0x7 << 76) | ((rand >> 62) << 64) | (0b10 << 62) | (rand & _RANDOM_BITS)
     text = f"{value:032x}"
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def created_at(job_id: str) -> float | None:
+    """Epoch seconds when :func:`new_job_id` made ``job_id`` (its first 48 bits); None for another kind of id."""
+    try:
+        return int(job_id[:8] + job_id[9:13], 16) / 1000
+    except ValueError:
+        return None

@@ -30,6 +30,8 @@ class Job:
     MAX_ATTEMPTS: ClassVar[int] = DEFAULT_MAX_ATTEMPTS
     #: Seconds a run may take before it is cancelled and counts as failed; None: the queue's default.
     TIMEOUT: ClassVar[float | None] = None
+    #: Seconds the finished job's record (state and result) is kept for ``status()``; None: the queue's default.
+    KEEP_RESULT: ClassVar[float | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -42,9 +44,11 @@ class Job:
             check_max_attempts(cls)
         if "TIMEOUT" in cls.__dict__:
             check_timeout(cls.TIMEOUT, f"job class {cls.__qualname__}: TIMEOUT")
+        if "KEEP_RESULT" in cls.__dict__ and cls.KEEP_RESULT is not None:
+            check_keep_result(cls.KEEP_RESULT, f"job class {cls.__qualname__}: KEEP_RESULT")
 
-    def run(self) -> None:
-        """Do the work. Return normally for success; raise to fail the run."""
+    def run(self) -> object:
+        """Do the work. Return normally for success (what it returns, JSON, is the job's result); raise to fail."""
         raise NotImplementedError(f"{type(self).__qualname__} must define run()")
 
     def to_payload(self) -> dict[str, Any]:
@@ -135,4 +139,11 @@ def check_timeout(value: object, what: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise TypeError(f"{what} must be a number of seconds > 0 (or None), got {value!r}")
+    return float(value)
+
+
+def check_keep_result(value: object, what: str) -> float:
+    """``value`` as seconds; ``TypeError`` naming ``what`` unless it is a number >= 0 (0: keep nothing)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise TypeError(f"{what} must be a number of seconds >= 0, got {value!r}")
     return float(value)

@@ -7,15 +7,18 @@ that moves them to the ready queue when due.
 
 from __future__ import annotations
 
-import collections
+import heapq
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from .envelope import Envelope
+from .ids import created_at
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
+from .status import DEFAULT_KEEP_RESULT, JobStatus, State, decode_result, utc
 from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
@@ -28,24 +31,46 @@ class _Wake:
 _WAKE = _Wake()
 
 
+class _Record(NamedTuple):
+    """A finished job, kept for ``status()`` until ``expires`` (on the store's clock)."""
+
+    state: State
+    name: str
+    attempts: int
+    max_attempts: int
+    result: str | None
+    error: str | None
+    started: float | None
+    finished: float
+    expires: float
+
+
 class MemoryStore:
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], keep_dead: float) -> None:
         self._clock = clock
+        #: Seconds a dead job's record is kept (a done job's keep comes with it).
+        self.keep_dead = keep_dead
         # SimpleQueue (C, lock-free for the GIL) rather than Queue: the loop
         # needs only put and a blocking get, and this is the hot path.
         self._ready: queue.SimpleQueue[Envelope | _Wake] = queue.SimpleQueue()
         self.timers: TimerHeap[Envelope] = TimerHeap(self._ready.put, clock=clock)
-        # Unfinished jobs, one entry each: appended by put(), popped by complete()
-        # and dead(). deque's append and pop are atomic, so neither the
-        # dispatcher nor a worker takes a lock per job (a lock they shared
-        # formed lock convoys under the GIL). 8 bytes a pending job.
-        self._unfinished: collections.deque[None] = collections.deque()
+        # Unfinished jobs by id: what pending() counts and status() finds.
+        # A dict's set and pop are atomic, so neither the dispatcher nor a
+        # worker takes a lock per job (a lock they shared formed lock convoys
+        # under the GIL). About 38 bytes a pending job.
+        self._unfinished: dict[str, Envelope] = {}
+        #: When (epoch seconds) the runs in progress began, by job id.
+        self._started: dict[str, float] = {}
+        # Finished jobs' records, and a heap of (expiry, id) that prunes them.
+        self._records: dict[str, _Record] = {}
+        self._expiry: list[tuple[float, str]] = []
+        self._pruning = threading.Lock()
         self._idle = threading.Condition()
         #: Threads in wait_finished(), which wants every finish (wait_empty() only the last).
         self._finish_waiters = 0
 
     def put(self, envelope: Envelope, delay: float) -> None:
-        self._unfinished.append(None)
+        self._unfinished[envelope.id] = envelope
         if delay > 0:
             self.timers.push(self._clock() + delay, envelope)
         else:
@@ -54,23 +79,125 @@ class MemoryStore:
     def claim(self, stopping: threading.Event) -> Envelope | None:
         item = self._ready.get()
         # A stale wake-up from an earlier shutdown is harmless: the loop asks again.
-        return None if item is _WAKE else item  # type: ignore[return-value]
+        if item is _WAKE:
+            return None
+        self._started[item.id] = time.time()  # type: ignore[union-attr]
+        return item  # type: ignore[return-value]
 
-    def complete(self, envelope: Envelope) -> None:
-        self._finish()
+    def complete(self, envelope: Envelope, result: str | None, keep: float) -> None:
+        if keep > 0:
+            self._keep(envelope, "done", keep, result=result, attempts=envelope.attempt + 1)
+        self._finish(envelope)
 
     def dead(self, envelope: Envelope, error: str) -> None:
-        self._finish()
+        if self.keep_dead > 0:
+            self._keep(envelope, "dead", self.keep_dead, error=error, attempts=envelope.attempt)
+        self._finish(envelope)
 
     def park(self, envelope: Envelope, due: float) -> None:
+        self._started.pop(envelope.id, None)
         self.timers.push(due, envelope)
 
     def release(self, envelope: Envelope) -> None:
+        self._started.pop(envelope.id, None)
         self._ready.put(envelope)
 
     def wake(self, count: int) -> None:
         for _ in range(count):
             self._ready.put(_WAKE)
+
+    def status(self, job_id: str) -> JobStatus | None:
+        # Read in the order a job moves: its record is written before it
+        # leaves _unfinished, so a job finishing meanwhile is found in one.
+        envelope = self._unfinished.get(job_id)
+        if envelope is None:
+            return self._finished_status(job_id)
+        started = self._started.get(job_id)
+        run_at = None
+        if started is not None:
+            state: State = "running"
+        else:
+            run_at = self._due(envelope)
+            state = "retrying" if envelope.attempt else "scheduled" if run_at is not None else "queued"
+        return JobStatus(
+            job_id,
+            envelope.name,
+            state,
+            envelope.attempt,
+            envelope.max_attempts,
+            created_at=utc(created_at(job_id)),
+            started_at=utc(started),
+            run_at=utc(run_at),
+        )
+
+    def _finished_status(self, job_id: str) -> JobStatus | None:
+        record = self._records.get(job_id)
+        if record is None or record.expires <= self._clock():
+            return None
+        return JobStatus(
+            job_id,
+            record.name,
+            record.state,
+            record.attempts,
+            record.max_attempts,
+            error=record.error,
+            result=decode_result(record.result),
+            created_at=utc(created_at(job_id)),
+            started_at=utc(record.started),
+            finished_at=utc(record.finished),
+        )
+
+    def _due(self, envelope: Envelope) -> float | None:
+        """When a parked envelope is due, in epoch seconds; None if it is not parked."""
+        for due, parked in self.timers.entries():
+            if parked is envelope:
+                return time.time() + max(0.0, due - self._clock())
+        return None
+
+    def _keep(
+        self,
+        envelope: Envelope,
+        state: State,
+        keep: float,
+        *,
+        attempts: int,
+        result: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        now = self._clock()
+        expires = now + keep
+        # tuple.__new__ straight from C: _Record's own __new__ is Python, and a record is kept per job.
+        self._records[envelope.id] = tuple.__new__(
+            _Record,
+            (
+                state,
+                envelope.name,
+                attempts,
+                envelope.max_attempts,
+                result,
+                error,
+                self._started.get(envelope.id),
+                time.time(),
+                expires,
+            ),
+        )
+        heapq.heappush(self._expiry, (expires, envelope.id))
+        if self._expiry[0][0] <= now:
+            self._prune(now)
+
+    def _prune(self, now: float) -> None:
+        """Forget the records past their keep; one worker at a time, the others go on."""
+        if not self._pruning.acquire(blocking=False):
+            return
+        try:
+            expiry = self._expiry
+            while expiry and expiry[0][0] <= now:
+                _, job_id = heapq.heappop(expiry)
+                record = self._records.get(job_id)
+                if record is not None and record.expires <= now:
+                    del self._records[job_id]
+        finally:
+            self._pruning.release()
 
     def pending(self) -> int:
         return len(self._unfinished)
@@ -97,8 +224,9 @@ class MemoryStore:
     def close(self, deadline: float | None = None) -> None:
         self.timers.stop()
 
-    def _finish(self) -> None:
-        self._unfinished.pop()
+    def _finish(self, envelope: Envelope) -> None:
+        self._started.pop(envelope.id, None)
+        self._unfinished.pop(envelope.id, None)
         # Woken only when it matters to them: a join() woken at every finish
         # would take the GIL from the workers once per job while they drain.
         # A waiter checks under the lock before it waits, so a notify sent
@@ -122,10 +250,18 @@ class InMemoryJobQueue(StoreQueue):
         *,
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         timeout: float | None = None,
+        keep_result: float = DEFAULT_KEEP_RESULT,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._memory = MemoryStore(clock)
-        super().__init__(self._memory, workers=workers, shutdown_grace=shutdown_grace, clock=clock, timeout=timeout)
+        self._memory = MemoryStore(clock, keep_dead=keep_result)
+        super().__init__(
+            self._memory,
+            workers=workers,
+            shutdown_grace=shutdown_grace,
+            clock=clock,
+            timeout=timeout,
+            keep_result=keep_result,
+        )
 
     def settle_timers(self, timeout: float = 5.0) -> bool:
         """Wait until the retries, delays and deadlines the clock has made due are handed over."""

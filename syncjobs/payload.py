@@ -88,6 +88,22 @@ def encode(job: Job) -> str:
     return text
 
 
+def encode_result(value: Any) -> str:
+    """What a run returned, as JSON text; ``QueueError`` saying why not.
+
+    Laxer than a payload: a tuple is kept as a list and an int key as a
+    string (what ``json.dumps`` does), because refusing a result means
+    failing a run whose work is done.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise QueueError(f"returned a value that is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise QueueError("returned a value nested too deeply for JSON") from exc
+    return text  # ASCII (ensure_ascii): even a lone surrogate is stored as its escape
+
+
 def decode(text: str) -> dict[str, Any]:
     """The payload dict back from its JSON text."""
     try:

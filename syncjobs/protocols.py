@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime
 import threading
 from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from typing_extensions import Self
 
 from .dead_letters import DeadLetterCallback
 from .envelope import Envelope
+from .status import JobHandle, JobStatus
 
 if TYPE_CHECKING:
     from .function_tasks import TaskDecorator
@@ -28,8 +29,8 @@ class Store(Protocol):
     def claim(self, stopping: threading.Event) -> Envelope | None:
         """Block until an envelope is ready; ``None`` when woken by :meth:`wake`."""
 
-    def complete(self, envelope: Envelope) -> None:
-        """The run succeeded: the job is finished."""
+    def complete(self, envelope: Envelope, result: str | None, keep: float) -> None:
+        """The run succeeded: the job is finished; its record (with ``result``, JSON) is kept ``keep`` seconds."""
 
     def park(self, envelope: Envelope, due: float) -> None:
         """Hold the envelope (its ``attempt`` already advanced) until the clock reads ``due``."""
@@ -53,7 +54,11 @@ class JobQueue(Protocol):
     @property
     def task(self) -> TaskDecorator: ...
 
-    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> str: ...
+    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> JobHandle: ...
+
+    def status(self, job_id: str) -> JobStatus | None: ...
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any: ...
 
     def start(self) -> None: ...
 
@@ -76,6 +81,8 @@ class QueueStore(Store, Protocol):
     """A store as a queue drives it: the worker loop's calls plus intake and lifecycle."""
 
     def put(self, envelope: Envelope, delay: float) -> None: ...
+
+    def status(self, job_id: str) -> JobStatus | None: ...
 
     def pending(self) -> int: ...
 

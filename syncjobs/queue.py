@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from typing_extensions import Self
 
@@ -21,10 +21,11 @@ from .errors import QueueError
 from .exit_hooks import exit_watch
 from .function_tasks import TaskDecorator
 from .ids import new_job_id
-from .job import Job, check_timeout
+from .job import Job, check_keep_result, check_timeout
 from .payload import encode
 from .protocols import C, Delay, J, QueueStore
 from .registry import Registry
+from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, handle_type, wait_for_result
 from .worker import RunLimit, RunObserver, RunWrapper, WorkerPool
 
 logger = logging.getLogger("syncjobs")
@@ -60,11 +61,13 @@ class StoreQueue:
         shutdown_grace: float,
         clock: Callable[[], float] = time.monotonic,
         timeout: float | None = None,
+        keep_result: float = DEFAULT_KEEP_RESULT,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
             raise ValueError(f"workers must be an int >= 0, got {workers!r}")
         try:
             check_timeout(timeout, "timeout")
+            check_keep_result(keep_result, "keep_result")
         except TypeError as exc:
             raise ValueError(str(exc)) from None
         self.shutdown_grace = _check_grace(shutdown_grace, "shutdown_grace")
@@ -73,11 +76,18 @@ class StoreQueue:
         self._registry = Registry()
         self._dead_letters = DeadLetterHandlers()
         self._pool = WorkerPool(
-            store, self._registry, self._dead_letters, workers=workers, clock=clock, timeout=timeout
+            store,
+            self._registry,
+            self._dead_letters,
+            workers=workers,
+            clock=clock,
+            timeout=timeout,
+            keep_result=float(keep_result),
         )
         # start() and shutdown() one at a time; re-entrant so that a signal
         # handler calling shutdown() in the middle of start() cannot deadlock.
         self._lifecycle = threading.RLock()
+        self._handle_type = handle_type(self)
         exit_watch.watch(self)
 
     def share_jobs_of(self, other: StoreQueue) -> None:
@@ -106,15 +116,44 @@ class StoreQueue:
         """
         return TaskDecorator(self.register, self.dispatch, self.dispatch_options)
 
-    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> str:
-        """Enqueue ``job``; returns its id. Nothing is enqueued when it raises ``QueueError``.
+    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> JobHandle:
+        """Enqueue ``job``; returns its handle, which is its id. Nothing is enqueued when it raises ``QueueError``.
 
         ``delay`` (seconds or a ``timedelta``) or ``run_at`` (an aware
         ``datetime``) holds it back.
         """
         envelope, seconds = self._checked(job, delay, run_at)
         self._store.put(envelope, seconds)
-        return envelope.id
+        return self._handle_type(envelope.id)
+
+    def handle(self, job_id: str) -> JobHandle:
+        """A handle of this queue's job ``job_id`` (an id stored earlier, say), to ask its status or result."""
+        if not isinstance(job_id, str):
+            raise TypeError(f"a job id is a string, got {type(job_id).__name__}")
+        return self._handle_type(str(job_id))
+
+    def status(self, job_id: str) -> JobStatus | None:
+        """The job's record: queued, scheduled, running, retrying, done or dead, with its counts and times.
+
+        None when there is no record: never dispatched, or finished longer
+        than its ``keep_result`` ago.
+        """
+        if not isinstance(job_id, str):
+            raise TypeError(f"a job id is a string, got {type(job_id).__name__}")
+        return self._store.status(job_id)
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """Wait up to ``timeout`` seconds (None: for ever) for the job to end; what its run returned.
+
+        Raises ``JobFailed`` (its ``status`` says why) for a dead job,
+        ``JobNotFound`` when there is no record of it, and ``TimeoutError``.
+        """
+        return wait_for_result(job_id, timeout, self.status, self._store.wait_finished)
+
+    @property
+    def keep_result(self) -> float:
+        """Seconds a finished job's record is kept, for jobs without a ``KEEP_RESULT`` of their own."""
+        return self._pool.keep_result
 
     def prepare(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> Prepared:
         """Check ``job`` now and give it its id; ``submit()`` enqueues it later (say, on commit).

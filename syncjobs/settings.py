@@ -13,18 +13,22 @@ from .errors import QueueError
 from .memory import InMemoryJobQueue
 from .protocols import JobQueue
 from .queue import DEFAULT_SHUTDOWN_GRACE
+from .status import DEFAULT_KEEP_RESULT
 from .urls import mask_url
 
 logger = logging.getLogger("syncjobs")
 
-KNOWN_KEYS = frozenset({"backend", "url", "concurrency", "shutdown_grace", "timeout"})
+KNOWN_KEYS = frozenset({"backend", "url", "concurrency", "shutdown_grace", "timeout", "keep_result"})
 DATABASE_BACKENDS = {"sqlite": SQLITE, "postgresql": POSTGRES, "mysql": MYSQL}
 AVAILABLE_BACKENDS = ("memory", *DATABASE_BACKENDS)
 DEFAULT_CONCURRENCY = 4
 
 
 def from_settings(settings: Mapping[str, Any]) -> JobQueue:
-    """A queue from ``{"backend", "url", "concurrency", "shutdown_grace", "timeout"}``; unknown keys are refused."""
+    """A queue from ``{"backend", "url", "concurrency", "shutdown_grace", "timeout", "keep_result"}``.
+
+    Unknown keys are refused.
+    """
     _check_keys(settings)
     backend = settings.get("backend", "memory")
     url = settings.get("url")
@@ -87,6 +91,7 @@ def _database_queue(url: str, settings: Mapping[str, Any]) -> DatabaseJobQueue:
             workers=DEFAULT_CONCURRENCY if concurrency is None else concurrency,
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
             timeout=settings.get("timeout"),
+            keep_result=settings.get("keep_result", DEFAULT_KEEP_RESULT),
         )
     except ValueError as exc:
         raise QueueError(f"bad settings: {exc}") from exc
@@ -100,6 +105,7 @@ def _memory_queue(settings: Mapping[str, Any]) -> InMemoryJobQueue:
             DEFAULT_CONCURRENCY if concurrency is None else concurrency,
             shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
             timeout=settings.get("timeout"),
+            keep_result=settings.get("keep_result", DEFAULT_KEEP_RESULT),
         )
     except ValueError as exc:
         raise QueueError(f"bad settings: {exc}") from exc

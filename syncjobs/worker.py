@@ -19,16 +19,18 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see exit_hooks.before_threads_join
 from contextlib import AbstractContextManager
+from typing import NamedTuple
 
 from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
-from .errors import Cancelled, Fatal, Retryable
+from .errors import Cancelled, Fatal, QueueError, Retryable
 from .job import Job
-from .payload import dead_letter_from_text, decode
+from .payload import dead_letter_from_text, decode, encode_result
 from .protocols import Store
 from .registry import Registry
 from .retry import retry_backoff
+from .status import DEFAULT_KEEP_RESULT
 from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
@@ -104,6 +106,22 @@ class _Run:
         return self._deciders[0] is by
 
 
+class _Ended(NamedTuple):
+    """How a run ended: its outcome, the error, the job it ran, what it raised, what it returned (JSON)."""
+
+    outcome: Outcome
+    error: str
+    job: Job | None = None
+    exc: BaseException | None = None
+    result: str | None = None
+
+
+def _done(job: Job, result: str | None) -> _Ended:
+    # tuple.__new__ straight from C: a NamedTuple's own __new__ is Python,
+    # and a no-op run pays for every step of its way through the loop.
+    return tuple.__new__(_Ended, (Outcome.DONE, "", job, None, result))
+
+
 class _Slot:
     """What one worker thread is running, so that shutdown can tell idle workers from stuck ones."""
 
@@ -160,6 +178,7 @@ class WorkerPool:
         workers: int,
         clock: Callable[[], float],
         timeout: float | None = None,
+        keep_result: float = DEFAULT_KEEP_RESULT,
     ) -> None:
         self._store = store
         self._registry = registry
@@ -181,6 +200,8 @@ class WorkerPool:
         self._shutdown_wake: threading.Event | None = None
         #: Seconds a run of a job without a TIMEOUT of its own may take (checked by the queue); None: no limit.
         self.timeout = timeout
+        #: Seconds a finished job's record is kept, for a job without a KEEP_RESULT of its own.
+        self.keep_result = keep_result
         # The deadlines of runs with a timeout, on the pool's clock; their
         # thread starts with the first such run. A run that finishes in time
         # leaves its entry behind (a heap cannot drop one cheaply): at its
@@ -367,7 +388,7 @@ class WorkerPool:
                 slot.run = None
                 return
             try:
-                applied = self._apply(run, *self._execute(run))
+                applied = self._apply(run, self._execute(run))
             finally:
                 slot.run = None
             if not applied:
@@ -401,32 +422,40 @@ class WorkerPool:
         # Otherwise shutdown took the run first, and hands it back.
         return False
 
-    def _execute(self, run: _Run) -> tuple[Outcome, str, Job | None, BaseException | None]:
+    def _execute(self, run: _Run) -> _Ended:
+        """How the run ended."""
         envelope = run.envelope
         job_cls = self._registry.get(envelope.name)
         if job_cls is None:
-            return Outcome.DEAD, f"cannot be run: no job class is registered as {envelope.name!r}", None, None
+            return _Ended(Outcome.DEAD, f"cannot be run: no job class is registered as {envelope.name!r}")
         # Decoded afresh for each run, so that a retry never sees what a run changed.
         try:
             job = run.context.run(job_cls.from_payload, decode(envelope.payload))
         except BaseException as exc:  # noqa: BLE001 - whatever from_payload raises, the job cannot run
-            return Outcome.DEAD, f"cannot be run: payload does not fit {envelope.name!r}: {_describe(exc)}", None, exc
+            error = f"cannot be run: payload does not fit {envelope.name!r}: {_describe(exc)}"
+            return _Ended(Outcome.DEAD, error, exc=exc)
         run.job = job
         timeout = job_cls.TIMEOUT if job_cls.TIMEOUT is not None else self.timeout
         if timeout is not None and not run.generation.stopping.is_set():
             self._watch(run, timeout)
         try:
-            run.context.run(_invoke, job, run.info, self._wrappers)
+            value = run.context.run(_invoke, job, run.info, self._wrappers)
         except Cancelled:
-            return Outcome.ABORTED, "cancelled", job, None
+            return _Ended(Outcome.ABORTED, "cancelled", job)
         except Fatal as exc:
-            return Outcome.DEAD, str(exc), job, None
+            return _Ended(Outcome.DEAD, str(exc), job)
         except Retryable as exc:
-            return Outcome.RETRY, str(exc), job, None
+            return _Ended(Outcome.RETRY, str(exc), job)
         except BaseException as exc:  # noqa: BLE001 - any failure of user code is a failed run; the worker survives
             # The traceback goes to the log; the dead letter keeps the one-line reason.
-            return Outcome.RETRY, f"job raised {_describe(exc)}", job, exc
-        return Outcome.DONE, "", job, None
+            return _Ended(Outcome.RETRY, f"job raised {_describe(exc)}", job, exc)
+        if value is None:
+            return _done(job, None)
+        try:
+            return _done(job, encode_result(value))
+        except QueueError as exc:
+            # Running it again would return the same: dead at once, its run spent.
+            return _Ended(Outcome.DEAD, exc.message, job)
 
     def _watch(self, run: _Run, timeout: float) -> None:
         """Time ``run`` out ``timeout`` seconds from now."""
@@ -506,8 +535,9 @@ class WorkerPool:
         retry_in = self._retry(run, error, run.job, None, run.envelope.context.copy())
         self._report(run, Outcome.RETRY if retry_in is not None else Outcome.DEAD, error, retry_in)
 
-    def _apply(self, run: _Run, outcome: Outcome, error: str, job: Job | None, exc: BaseException | None) -> bool:
+    def _apply(self, run: _Run, ended: _Ended) -> bool:
         """Apply the run's outcome; False if shutdown or its timeout took the run first (the outcome is void)."""
+        outcome, error, job, exc = ended.outcome, ended.error, ended.job, ended.exc
         envelope = run.envelope
         if self._running.pop(run, _GONE) is _GONE:
             logger.debug(
@@ -516,7 +546,8 @@ class WorkerPool:
             return False
         retry_in = None
         if outcome is Outcome.DONE:
-            self._store.complete(envelope)
+            keep = None if job is None else job.KEEP_RESULT
+            self._store.complete(envelope, ended.result, self.keep_result if keep is None else keep)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("job %s (%s) done", envelope.name, envelope.id, extra=_extra(envelope))
         elif outcome is Outcome.ABORTED:
@@ -587,16 +618,15 @@ def _abandoned(run: _Run | None) -> bool:
     return run is not None and run.abandoned
 
 
-def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> None:
+def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> object:
     token = set_current(info)
     try:
         if not wrappers:  # an ExitStack costs more than a no-op run
-            job.run()
-            return
+            return job.run()
         with contextlib.ExitStack() as around:
             for wrapper in wrappers:
                 around.enter_context(wrapper())
-            job.run()
+            return job.run()
     finally:
         reset_current(token)
 

@@ -237,6 +237,19 @@ class KillerJob(syncjobs.Job):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@dataclasses.dataclass
+class SumJob(syncjobs.Job):
+    """Returns the sum of ``numbers`` (its result); a negative one makes it a dead letter at once."""
+
+    NAME = "tests.sum"
+    numbers: list[int]
+
+    def run(self) -> dict[str, int]:
+        if any(n < 0 for n in self.numbers):
+            raise syncjobs.Fatal(f"negative: {min(self.numbers)}")
+        return {"sum": sum(self.numbers)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
@@ -265,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     queue.register(LedgerJob)
     queue.register(OnceLedgerJob)
     queue.register(KillerJob)
+    queue.register(SumJob)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     queue.start()

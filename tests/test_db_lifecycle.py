@@ -17,7 +17,7 @@ import syncjobs
 from syncjobs import worker
 from syncjobs.database import background
 from syncjobs.database.dialects import POSTGRES, SQLITE, dialect_for
-from syncjobs.envelope import Envelope
+from syncjobs.envelope import ClaimedEnvelope
 from tests.conftest import SERVER_URLS, _reachable
 from tests.faultproxy import FaultProxy
 from tests.helpers import WAIT, Probe, ProbeJob, wait_until
@@ -291,7 +291,7 @@ def test_a_write_that_fails_after_the_flush_deadline_is_left_to_its_lease_at_onc
         lease=30.0,
         settled=lambda envelopes: settled.extend(envelope.id for envelope in envelopes),
     )
-    envelope = Envelope("job-1", "tests.probe", "{}", 3, lease="token")
+    envelope = ClaimedEnvelope("job-1", "tests.probe", "{}", 3, lease="token")
     leases.hold([envelope.lease])
     writer.complete(envelope)
     thread = threading.Thread(target=writer.loop, args=(stopping,), name="test-writer")
@@ -320,7 +320,7 @@ def test_a_coalescing_writer_writes_the_first_outcome_at_once_and_the_stream_aft
         lease=30.0,
         coalesce=600.0,  # longer than the test: only the stop ends the wait
     )
-    envelopes = [Envelope(f"job-{i}", "tests.probe", "{}", 3, lease=f"token-{i}") for i in range(4)]
+    envelopes = [ClaimedEnvelope(f"job-{i}", "tests.probe", "{}", 3, lease=f"token-{i}") for i in range(4)]
     leases.hold([envelope.lease for envelope in envelopes])
     thread = threading.Thread(target=writer.loop, args=(stopping,), name="test-writer")
     thread.start()
@@ -382,9 +382,9 @@ def test_a_coalescing_writer_does_not_keep_a_worker_waiting_for_its_write() -> N
     thread = threading.Thread(target=writer.loop, args=(stopping,), name="test-writer")
     thread.start()
     try:
-        writer.complete(Envelope("job-0", "tests.probe", "{}", 3, lease="token-0"))
+        writer.complete(ClaimedEnvelope("job-0", "tests.probe", "{}", 3, lease="token-0"))
         wait_until(lambda: completed == ["job-0"], what="the first outcome, written at once")
-        parked = Envelope("job-1", "tests.probe", "{}", 3, lease="token-1")
+        parked = ClaimedEnvelope("job-1", "tests.probe", "{}", 3, lease="token-1")
         writer.write(parked, "UPDATE parked", (), wait=WAIT)
         assert database.statements == ["UPDATE parked"], "the worker's write waited for the window"
     finally:

@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 import syncjobs
+from syncjobs.database.schema import SCHEMA_VERSION
 from tests.helpers import WAIT, Probe, ProbeJob
 from tests.test_database import drop_tables, execute, install_tables
 
@@ -35,7 +36,7 @@ def test_migrate_sets_the_autovacuum_thresholds_of_a_populated_table_and_keeps_i
         queue.register(ProbeJob)
         probe = Probe()
         ids = [str(queue.dispatch(ProbeJob(probe=probe.id))) for _ in range(3)]
-        assert queue.admin.migrate() == 3
+        assert queue.admin.migrate() == SCHEMA_VERSION
         assert _reloptions(server_url, table) == SETTINGS
         assert sorted(job_id for (job_id,) in execute(server_url, f"SELECT id FROM {table}")) == sorted(ids)
         queue.start()

@@ -15,11 +15,20 @@ def test_from_settings_builds_the_memory_queue_by_default() -> None:
 
 def test_from_settings_reads_every_key() -> None:
     queue = syncjobs.from_settings(
-        {"backend": "memory", "url": "memory://", "concurrency": 7, "shutdown_grace": 1.5, "timeout": 30}
+        {
+            "backend": "memory",
+            "url": "memory://",
+            "concurrency": 7,
+            "shutdown_grace": 1.5,
+            "timeout": 30,
+            "keep_result": 60,
+        }
     )
     assert isinstance(queue, syncjobs.InMemoryJobQueue)
-    assert (queue.workers, queue.shutdown_grace, queue.timeout) == (7, 1.5, 30.0)
-    assert syncjobs.from_settings({}).timeout is None  # type: ignore[attr-defined]
+    assert (queue.workers, queue.shutdown_grace, queue.timeout, queue.keep_result) == (7, 1.5, 30.0, 60.0)
+    defaults = syncjobs.from_settings({})
+    assert defaults.timeout is None  # type: ignore[attr-defined]
+    assert defaults.keep_result == syncjobs.DEFAULT_KEEP_RESULT == 600  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
@@ -31,6 +40,7 @@ def test_from_settings_reads_every_key() -> None:
         ({"concurrency": "4"}, "bad settings: workers must be an int >= 0"),
         ({"shutdown_grace": -2}, "bad settings: shutdown_grace must be a number of seconds"),
         ({"timeout": 0}, r"bad settings: timeout must be a number of seconds > 0 \(or None\), got 0"),
+        ({"keep_result": -1}, r"bad settings: keep_result must be a number of seconds >= 0, got -1"),
         ({"url": "postgresql://db/app"}, "the memory backend takes no url"),
     ],
 )

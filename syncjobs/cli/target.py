@@ -21,6 +21,7 @@ from ..errors import QueueError
 from ..job import Job
 from ..memory import InMemoryJobQueue
 from ..queue import DEFAULT_SHUTDOWN_GRACE
+from ..status import DEFAULT_KEEP_RESULT
 from ..urls import mask_url, redact
 
 URL_VARIABLE = "SYNCJOBS_URL"
@@ -136,6 +137,7 @@ def queue_for(
     queue: str | None = None,
     grace: float | None = None,
     timeout: float | None = None,
+    keep_result: float | None = None,
 ) -> DatabaseJobQueue:
     """The queue a command works on, with the job classes of ``imports`` registered."""
     if app and url:
@@ -145,7 +147,9 @@ def queue_for(
             base = load_app(app)
             if table and table != base.table:
                 raise CommandError(f"APP {app!r} uses table {base.table!r}; --table {table!r} does not match it")
-            found = base.for_queue(queue, workers=workers, shutdown_grace=grace, timeout=timeout)
+            found = base.for_queue(
+                queue, workers=workers, shutdown_grace=grace, timeout=timeout, keep_result=keep_result
+            )
         else:
             found = DatabaseJobQueue(
                 database_url(url),
@@ -153,6 +157,7 @@ def queue_for(
                 queue=queue or "default",
                 shutdown_grace=DEFAULT_SHUTDOWN_GRACE if grace is None else grace,
                 timeout=timeout,
+                keep_result=DEFAULT_KEEP_RESULT if keep_result is None else keep_result,
                 table=table or DEFAULT_TABLE,
             )
     except (ValueError, QueueError) as exc:

@@ -73,6 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "of their own (default: the APP queue's, else no limit)",
     )
     parser.add_argument(
+        "--keep-result",
+        type=seconds,
+        metavar="SECONDS",
+        help="seconds a finished job's record (its state and result) is kept, for jobs without a KEEP_RESULT "
+        "of their own (default: the APP queue's, else 600; 0 keeps none)",
+    )
+    parser.add_argument(
         "--max-jobs", type=positive_int, metavar="N", help="exit (cleanly, with the grace) after N job runs"
     )
     parser.add_argument(
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 queue=name,
                 grace=args.grace,
                 timeout=args.timeout,
+                keep_result=args.keep_result,
             )
         )
     return serve(queues, max_jobs=args.max_jobs, burst=args.burst, out=out, exit_if_stuck=True)

@@ -17,7 +17,7 @@ from ..payload import dead_letter_from_text
 from . import queries
 from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
-from .schema import SCHEMA_VERSION, ddl, record_version
+from .schema import SCHEMA_VERSION, add_columns, ddl, record_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +152,7 @@ class TableAdmin:
         def install(cursor: Any) -> None:
             for statement in ddl(self._db.dialect, self.table):
                 cursor.execute(statement)
+            add_columns(self._db.dialect, self.table, cursor)
             cursor.execute(self._sql(queries.SCHEMA_VERSION))
             row = cursor.fetchone()
             if row is None or row[0] is None or int(row[0]) < SCHEMA_VERSION:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
-from ..envelope import Envelope
+from ..envelope import ClaimedEnvelope
 
 logger = logging.getLogger("syncjobs.database")
 
@@ -157,7 +157,7 @@ class Heartbeat:
 class _Write:
     """One outcome to write: a completion (``sql`` None, deleted in a batch) or a fenced UPDATE."""
 
-    envelope: Envelope
+    envelope: ClaimedEnvelope
     sql: str | None
     params: tuple[Any, ...]
     #: Monotonic time after which the write is given up (the lease left to expire).
@@ -186,9 +186,9 @@ class OutcomeWriter:
         db: Database,
         leases: Leases,
         *,
-        complete: Callable[[list[Envelope], float], int],
+        complete: Callable[[list[ClaimedEnvelope], float], int],
         lease: float,
-        settled: Callable[[list[Envelope]], None] = lambda envelopes: None,
+        settled: Callable[[list[ClaimedEnvelope]], None] = lambda envelopes: None,
         coalesce: float = 0.0,
     ) -> None:
         self._db = db
@@ -214,10 +214,12 @@ class OutcomeWriter:
     def try_bound(self) -> float:
         return self._try_bound
 
-    def complete(self, envelope: Envelope) -> None:
+    def complete(self, envelope: ClaimedEnvelope) -> None:
         self._put(_Write(envelope, None, (), time.monotonic() + self._lease))
 
-    def write(self, envelope: Envelope, sql: str, params: tuple[Any, ...], *, wait: float, taken: bool = True) -> None:
+    def write(
+        self, envelope: ClaimedEnvelope, sql: str, params: tuple[Any, ...], *, wait: float, taken: bool = True
+    ) -> None:
         """Queue a fenced UPDATE and wait up to ``wait`` seconds for it to land (it goes on after).
 
         ``taken=False``: a row claimed for no worker, not reported settled.
@@ -491,5 +493,5 @@ def _close_quietly(conn: Any) -> None:
         logger.debug("closing the notification connection failed", exc_info=True)
 
 
-def _extra(envelope: Envelope) -> dict[str, object]:
+def _extra(envelope: ClaimedEnvelope) -> dict[str, object]:
     return {"job_name": envelope.name, "job_id": envelope.id}

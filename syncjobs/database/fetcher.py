@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from ..envelope import Envelope
+from ..envelope import ClaimedEnvelope
 from .claim_floor import LOWEST_DOUBLE, ClaimFloor
 from .dialect import Dialect
 from .mysql import MYSQL
@@ -79,12 +79,12 @@ class _Wake:
 _WAKE = _Wake()
 
 
-def decode_row(row: Sequence[Any], token: str | None, carry: dict[str, contextvars.ContextVar[Any]]) -> Envelope:
+def decode_row(row: Sequence[Any], token: str | None, carry: dict[str, contextvars.ContextVar[Any]]) -> ClaimedEnvelope:
     """An envelope of ``(id, name, payload, context, attempt, max_attempts)``; else :class:`Undecodable`."""
     job_id, name, payload, context, attempt, max_attempts = row[:6]
     _check_text(name, "name")
     _check_text(payload, "payload")
-    return Envelope(
+    return ClaimedEnvelope(
         str(job_id),
         name,
         payload,
@@ -143,7 +143,7 @@ def _context(carried: Any, carry: dict[str, contextvars.ContextVar[Any]]) -> con
     return context
 
 
-def salvage(row: Sequence[Any], token: str | None) -> Envelope:
+def salvage(row: Sequence[Any], token: str | None) -> ClaimedEnvelope:
     """What can be read of an undecodable row, for its dead letter: no context, counts that are numbers."""
     job_id, name, payload, _context_text, attempt, max_attempts = row[:6]
 
@@ -156,7 +156,7 @@ def salvage(row: Sequence[Any], token: str | None) -> Envelope:
         except Undecodable:
             return default
 
-    return Envelope(
+    return ClaimedEnvelope(
         str(job_id),
         text(name),
         text(payload),
@@ -182,8 +182,8 @@ class Fetcher:
         poll_interval: float,
         prefetch: int,
         carry: dict[str, contextvars.ContextVar[Any]],
-        on_dead: Callable[[Envelope, str], None],
-        hold: Callable[[Sequence[Envelope]], None] = lambda envelopes: None,
+        on_dead: Callable[[ClaimedEnvelope, str], None],
+        hold: Callable[[Sequence[ClaimedEnvelope]], None] = lambda envelopes: None,
         floor: ClaimFloor | None = None,
         coalesce: float = CLAIM_COALESCE,
     ) -> None:
@@ -200,7 +200,7 @@ class Fetcher:
         self._on_dead = on_dead
         #: Called with each claimed batch before a worker can take it: its lease is renewed from then on.
         self._hold = hold
-        self._ready: stdqueue.SimpleQueue[Envelope | _Wake] = stdqueue.SimpleQueue()
+        self._ready: stdqueue.SimpleQueue[ClaimedEnvelope | _Wake] = stdqueue.SimpleQueue()
         # Workers waiting in take() and envelopes buffered for them: the
         # fetcher claims the difference, so it never hoards rows.
         self._want = threading.Condition()
@@ -217,7 +217,7 @@ class Fetcher:
         #: began: the fetcher marks those not settled ``mark_after`` seconds later. A run whose
         #: outcome is written sooner is never marked; one whose write is late or failing is, so
         #: that its row, if it comes back by its lease, comes back with its run spent.
-        self._to_mark: dict[str, tuple[Envelope, float]] = {}
+        self._to_mark: dict[str, tuple[ClaimedEnvelope, float]] = {}
         self.mark_after = min(MARK_AFTER, lease / 10)
         self._kick = threading.Event()
         self._soon_step = 0.0
@@ -227,7 +227,7 @@ class Fetcher:
 
     # -- the workers' side ---------------------------------------------------
 
-    def take(self) -> Envelope | None:
+    def take(self) -> ClaimedEnvelope | None:
         """The next claimed envelope for a worker; None when woken."""
         with self._want:
             self._waiting += 1
@@ -246,7 +246,7 @@ class Fetcher:
                     self._want.notify_all()
         return item
 
-    def settled(self, envelopes: Sequence[Envelope]) -> None:
+    def settled(self, envelopes: Sequence[ClaimedEnvelope]) -> None:
         """These taken envelopes' outcomes were written or given up."""
         with self._want:
             self._inflight -= len(envelopes)
@@ -278,15 +278,15 @@ class Fetcher:
         with self._want:
             self._want.notify_all()
 
-    def unclaimed(self) -> list[Envelope]:
+    def unclaimed(self) -> list[ClaimedEnvelope]:
         """The envelopes no worker took (after the loop stopped): the caller gives them back."""
-        left: list[Envelope] = []
+        left: list[ClaimedEnvelope] = []
         while True:
             try:
                 item = self._ready.get_nowait()
             except stdqueue.Empty:
                 break
-            if isinstance(item, Envelope):
+            if isinstance(item, ClaimedEnvelope):
                 left.append(item)
         with self._want:
             self._buffered = 0
@@ -370,7 +370,7 @@ class Fetcher:
             return math.inf
         return min(began for _, began in self._to_mark.values()) + self.mark_after
 
-    def _due_marks(self) -> list[Envelope]:
+    def _due_marks(self) -> list[ClaimedEnvelope]:
         """Take the runs that have lasted ``mark_after`` seconds off ``_to_mark``; under ``_want``."""
         due = time.monotonic() - self.mark_after
         taken = [envelope for envelope, began in self._to_mark.values() if began <= due]
@@ -402,7 +402,7 @@ class Fetcher:
 
     # -- claims -----------------------------------------------------------------
 
-    def claim_batch(self, want: int, to_mark: Sequence[Envelope] = ()) -> list[Envelope]:
+    def claim_batch(self, want: int, to_mark: Sequence[ClaimedEnvelope] = ()) -> list[ClaimedEnvelope]:
         """Mark the rows of ``to_mark`` running, and claim up to ``want`` rows, in one statement or transaction."""
         token = str(uuid.uuid4())
         floor = self._floor.start()
@@ -437,7 +437,7 @@ class Fetcher:
         else:
             rows = self._runner.run(mark_and_claim_returning)
         self._floor.claimed(floor, [float(row[6]) for row in rows], want)
-        envelopes: list[Envelope] = []
+        envelopes: list[ClaimedEnvelope] = []
         for row in rows:
             try:
                 envelope = decode_row(row, token, self._carry)
@@ -467,13 +467,13 @@ class Fetcher:
         if written:
             self._dead(envelope, error)
 
-    def _dead(self, envelope: Envelope, error: str) -> None:
+    def _dead(self, envelope: ClaimedEnvelope, error: str) -> None:
         try:
             self._on_dead(envelope, error)
         except Exception:
             logger.exception("job %s (%s): a dead-letter handler failed", envelope.name, envelope.id)
 
-    def _mark_rows(self, cursor: Any, batch: Sequence[Envelope]) -> None:
+    def _mark_rows(self, cursor: Any, batch: Sequence[ClaimedEnvelope]) -> None:
         """Mark the rows of envelopes taken from the buffer 'running' (the claim token fences it)."""
         by_lease: dict[str | None, list[str]] = {}
         for envelope in batch:
@@ -501,10 +501,11 @@ class Fetcher:
             cursor.execute(self._sql["WORKERS_PRUNE"])
             cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - 3600))
             cursor.execute(self._sql["FINISHED_PRUNE"], (3600.0,))
+            cursor.execute(self._sql["RESULTS_PRUNE"])
 
-        def recover(cursor: Any) -> list[tuple[Envelope, str | None]]:
+        def recover(cursor: Any) -> list[tuple[ClaimedEnvelope, str | None]]:
             cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))
-            outcomes: list[tuple[Envelope, str | None]] = []
+            outcomes: list[tuple[ClaimedEnvelope, str | None]] = []
             for row in cursor.fetchall():
                 started = row[6] == "running"
                 try:

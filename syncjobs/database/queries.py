@@ -57,14 +57,15 @@ SELECT_READY = (
 # The ids of one claim batch are bound one placeholder each: {ids} becomes "?, ?, ?".
 MARK_CLAIMED = (
     "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, "
-    "lease_expires = {now} + ? WHERE id IN ({ids})"
+    "lease_expires = {now} + ?, started_at = {now} WHERE id IN ({ids})"
 )
 
 # One round trip where the database has UPDATE … RETURNING (PostgreSQL,
 # SQLite): the subquery's row locks (FOR UPDATE SKIP LOCKED on PostgreSQL)
 # keep two claimers off the same rows; SQLite takes its write lock anyway.
 CLAIM_RETURNING = (
-    "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ? "
+    "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ?, "
+    "started_at = {now} "
     "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at >= ? "
     "AND run_at <= {now_once} ORDER BY run_at LIMIT ?{lock}) "
     f"RETURNING {COLUMNS}, run_at"
@@ -165,14 +166,39 @@ WORKER_DOWN = "DELETE FROM {table}_workers WHERE id = ?"
 # A worker row whose heartbeat is older than its lease belongs to a dead worker.
 WORKERS_PRUNE = "DELETE FROM {table}_workers WHERE heartbeat_at < {now_once} - lease"
 
+# Done jobs' records, for status(): written with their deletes, pruned once expired.
+RESULT_COLUMNS = "id, queue, name, attempts, max_attempts, result, created_at, started_at, finished_at, expires_at"
+# Elsewhere, before the delete and fenced like it: {results} and {keeps} are
+# CASE id WHEN ? THEN ? … END over the batch's ids, {ids} their placeholders.
+KEEP_RESULTS = (
+    "INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
+    "SELECT id, queue, name, attempt + 1, max_attempts, {results}, created_at, started_at, {now}, {now} + {keeps} "
+    "FROM {table} WHERE lease_token = ? AND id IN ({ids})"
+)
+RESULTS_PRUNE = "DELETE FROM {table}_results WHERE expires_at < {now_once}"
+
+# One job's record, wherever it is: a row of the jobs table (unfinished, or
+# dead), else a kept result that has not expired.
+STATUS = (
+    "SELECT name, state, attempt, max_attempts, error, NULL, created_at, started_at, finished_at, run_at, {now} "
+    "FROM {table} WHERE id = ? UNION ALL "
+    "SELECT name, 'done', attempts, max_attempts, NULL, result, created_at, started_at, finished_at, NULL, {now} "
+    "FROM {table}_results WHERE id = ? AND expires_at >= {now}"
+)
+
 # Added to by the completer in the transaction that deletes the finished rows.
 # PostgreSQL: COMPLETE_MANY, FINISHED_INTO and COUNT_DONE in one statement,
 # each row fenced on its own lease token (ids and tokens as two arrays).
 COMPLETE_RECORD_COUNT = (
-    "WITH gone AS (DELETE FROM {table} AS j USING unnest(?::text[], ?::text[]) AS t(id, token) "
-    "WHERE j.id = t.id AND j.lease_token = t.token RETURNING j.id), "
+    "WITH gone AS (DELETE FROM {table} AS j "
+    "USING unnest(?::text[], ?::text[], ?::text[], ?::float8[]) AS t(id, token, result, keep) "
+    "WHERE j.id = t.id AND j.lease_token = t.token "
+    "RETURNING j.id, j.queue, j.name, j.attempt, j.max_attempts, j.created_at, j.started_at, t.result, t.keep), "
     "recorded AS (INSERT INTO {table}_finished (id, finished_at) SELECT id, {now} FROM gone "
     "ON CONFLICT (id) DO NOTHING), "
+    "kept AS (INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
+    "SELECT id, queue, name, attempt + 1, max_attempts, result, created_at, started_at, {now}, {now} + keep "
+    "FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
     "counted AS (INSERT INTO {table}_done (queue, bucket, done) SELECT ?, ?, COUNT(*) FROM gone "
     "HAVING COUNT(*) > 0 ON CONFLICT (queue, bucket) DO UPDATE SET done = {table}_done.done + excluded.done) "
     "SELECT COUNT(*) FROM gone"

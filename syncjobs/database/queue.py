@@ -16,6 +16,7 @@ from ..job import Job
 from ..payload import dead_letter_from_text
 from ..protocols import Delay
 from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, new_envelope
+from ..status import DEFAULT_KEEP_RESULT, JobHandle
 from ..urls import mask_url
 from .admin import TableAdmin
 from .dialects import Connector, check_connection, check_table
@@ -46,6 +47,7 @@ class DatabaseJobQueue(StoreQueue):
         queue: str = "default",
         shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE,
         timeout: float | None = None,
+        keep_result: float = DEFAULT_KEEP_RESULT,
         lease: float = 30.0,
         poll_interval: float = 1.0,
         table: str = "syncjobs_jobs",
@@ -80,6 +82,7 @@ class DatabaseJobQueue(StoreQueue):
             clock=clock,
             connect_args=connect_args,
             timeout=timeout,
+            keep_result=keep_result,
         )
         self._schema_ready = False
         connector = Connector(url, connect_args)
@@ -98,7 +101,14 @@ class DatabaseJobQueue(StoreQueue):
             workers=workers,
             clock=clock,
         )
-        super().__init__(self._db, workers=workers, shutdown_grace=shutdown_grace, clock=clock, timeout=timeout)
+        super().__init__(
+            self._db,
+            workers=workers,
+            shutdown_grace=shutdown_grace,
+            clock=clock,
+            timeout=timeout,
+            keep_result=keep_result,
+        )
         self._prefetch = self._db.prefetch
         self._db.on_expired_dead = self._expired_dead
         #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
@@ -119,8 +129,9 @@ class DatabaseJobQueue(StoreQueue):
         workers: int | None = None,
         shutdown_grace: float | None = None,
         timeout: float | None = None,
+        keep_result: float | None = None,
     ) -> DatabaseJobQueue:
-        """A queue on the same table and settings, for another queue name, worker count, grace or timeout.
+        """A queue on the same table and settings, for another queue name, worker count, grace, timeout or keep.
 
         It runs the same job classes, inside the same run wrappers, and calls
         the same dead-letter callbacks: registering on either registers on both.
@@ -128,6 +139,8 @@ class DatabaseJobQueue(StoreQueue):
         options = dict(self._options)
         if timeout is not None:
             options["timeout"] = timeout
+        if keep_result is not None:
+            options["keep_result"] = keep_result
         twin = DatabaseJobQueue(
             self.url,
             workers=self.workers if workers is None else workers,
@@ -178,7 +191,7 @@ class DatabaseJobQueue(StoreQueue):
 
     def dispatch(
         self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, connection: Any = None
-    ) -> str:
+    ) -> JobHandle:
         """Insert ``job``; with ``connection``, inside the caller's transaction, which the queue never commits."""
         return self.dispatch_many([job], delay=delay, run_at=run_at, connection=connection)[0]
 
@@ -200,8 +213,8 @@ class DatabaseJobQueue(StoreQueue):
         delay: Delay = None,
         run_at: datetime.datetime | None = None,
         connection: Any = None,
-    ) -> list[str]:
-        """Insert ``jobs`` in one transaction: all of them or, if anything is refused, none."""
+    ) -> list[JobHandle]:
+        """Insert ``jobs`` in one transaction: all of them or, if anything is refused, none; their handles."""
         items: list[tuple[Envelope, float]] = []
         for job in jobs:
             envelope = new_envelope(self._registry, job)
@@ -213,7 +226,7 @@ class DatabaseJobQueue(StoreQueue):
             self._check_carried(envelope)
         if items:
             self._db.put_many(items, connection)
-        return [envelope.id for envelope, _ in items]
+        return [self.handle(envelope.id) for envelope, _ in items]
 
     def pending_count(self) -> int:
         self._ensure_schema()

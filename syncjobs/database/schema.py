@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..job import MAX_NAME_LENGTH
 from .dialects import MYSQL, POSTGRES, Dialect
 
@@ -10,7 +12,13 @@ from .dialects import MYSQL, POSTGRES, Dialect
 #: heartbeats) and ``<table>_done`` (jobs done per second, for ``stats``).
 #: 3: adds ``<table>_finished`` (tombstones of finished jobs, so that a
 #: dispatch retried after an ambiguous failure never runs a finished job again).
-SCHEMA_VERSION = 3
+#: 4: adds ``started_at`` to the jobs table and ``<table>_results`` (done jobs'
+#: records and results, kept ``keep_result`` seconds, for ``status()``).
+SCHEMA_VERSION = 4
+
+#: Columns added to the jobs table after version 1: (name, type) by version.
+#: ``CREATE TABLE`` has them; :func:`add_columns` adds them to an older table.
+_ADDED_COLUMNS = [("started_at", "real")]
 
 
 # PostgreSQL: every job leaves dead tuples (its claim's UPDATE and its
@@ -54,9 +62,11 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         lease_expires {real},
         error {text},
         created_at {real} NOT NULL,
-        finished_at {real}"""
+        finished_at {real},
+        started_at {real}"""
     engine = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" if dialect is MYSQL else ""
     finished_index = f",\n        INDEX {table}_finished_at (finished_at)" if dialect is MYSQL else ""
+    expires_index = f",\n        INDEX {table}_results_expires (expires_at)" if dialect is MYSQL else ""
     companions = [
         f"CREATE TABLE IF NOT EXISTS {table}_schema (version INTEGER NOT NULL){engine}",
         # One row per worker process (per queue it serves), renewed by its heartbeat.
@@ -83,6 +93,19 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         id {key} NOT NULL PRIMARY KEY,
         finished_at {real} NOT NULL{finished_index}
 ){engine}""",
+        # Done jobs, for status() and result(): pruned once past expires_at.
+        f"""CREATE TABLE IF NOT EXISTS {table}_results (
+        id {key} NOT NULL PRIMARY KEY,
+        queue VARCHAR(100) NOT NULL,
+        name VARCHAR({MAX_NAME_LENGTH}) NOT NULL,
+        attempts INTEGER NOT NULL,
+        max_attempts INTEGER NOT NULL,
+        result {text},
+        created_at {real} NOT NULL,
+        started_at {real},
+        finished_at {real} NOT NULL,
+        expires_at {real} NOT NULL{expires_index}
+){engine}""",
     ]
     if dialect is MYSQL:
         # MySQL has no CREATE INDEX IF NOT EXISTS: the indexes go in the table.
@@ -95,7 +118,28 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         *(f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({cols})" for name, cols in indexes),
         *companions,
         f"CREATE INDEX IF NOT EXISTS {table}_finished_at ON {table}_finished (finished_at)",
+        f"CREATE INDEX IF NOT EXISTS {table}_results_expires ON {table}_results (expires_at)",
     ]
+
+
+def add_columns(dialect: Dialect, table: str, cursor: Any) -> None:
+    """Add to an existing jobs table the columns later versions gave it; idempotent."""
+    for column, kind in _ADDED_COLUMNS:
+        sql_type = dialect.real if kind == "real" else kind
+        if dialect is POSTGRES:
+            cursor.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
+            continue
+        if dialect is MYSQL:
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.columns "
+                "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
+                (table, column),
+            )
+        else:
+            pragma = f"SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?"  # noqa: S608 - a validated identifier
+            cursor.execute(pragma, (column,))
+        if not cursor.fetchone()[0]:
+            cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
 
 
 def record_version(table: str) -> list[str]:

@@ -19,11 +19,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
-from ..envelope import Envelope
+from ..envelope import ClaimedEnvelope, Envelope
 from ..errors import QueueError
+from ..status import JobStatus, State, decode_result, utc
 from . import queries
 from .background import WRITE_COALESCE, Heartbeat, Leases, Listener, Loop, OutcomeWriter
 from .connections import Connections, DatabaseUnavailable
@@ -106,13 +107,13 @@ class DatabaseStore:
         self._wake_listener: WakeListener | None = None
         self._finished = threading.Condition()
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
-        self.on_expired_dead: Callable[[Envelope, str], None] = lambda envelope, error: None
+        self.on_expired_dead: Callable[[ClaimedEnvelope, str], None] = lambda envelope, error: None
 
-    def _dead_by_fetcher(self, envelope: Envelope, error: str) -> None:
+    def _dead_by_fetcher(self, envelope: ClaimedEnvelope, error: str) -> None:
         # Looked up at each call: the queue sets on_expired_dead after construction.
         self.on_expired_dead(envelope, error)
 
-    def _hold(self, envelopes: Sequence[Envelope]) -> None:
+    def _hold(self, envelopes: Sequence[ClaimedEnvelope]) -> None:
         # Claimed rows are renewed until written back or given up; each open() has its own Leases.
         self._leases.hold(envelope.lease for envelope in envelopes)
 
@@ -214,7 +215,7 @@ class DatabaseStore:
     def claim(self, stopping: threading.Event) -> Envelope | None:
         return self._fetcher.take()
 
-    def _settled(self, envelopes: list[Envelope]) -> None:
+    def _settled(self, envelopes: list[ClaimedEnvelope]) -> None:
         self._fetcher.settled(envelopes)
         with self._finished:
             self._finished.notify_all()
@@ -224,28 +225,35 @@ class DatabaseStore:
     # written (or given up): until then the row is this worker's, and
     # drained() must not say the queue is empty.
 
-    def complete(self, envelope: Envelope) -> None:
+    def complete(self, envelope: Envelope, result: str | None, keep: float) -> None:
         # Deleted in batches: one commit for many jobs. A crash before the
         # flush means the job runs again, as at-least-once allows.
-        self._writer.complete(envelope)
+        claimed = _claimed(envelope)
+        claimed.result, claimed.keep = result, keep
+        self._writer.complete(claimed)
 
     def park(self, envelope: Envelope, due: float) -> None:
         delay = max(0.0, due - self._clock())
-        self._fenced("PARK", (envelope.attempt, delay, envelope.id, envelope.lease), envelope)
+        claimed = _claimed(envelope)
+        self._fenced("PARK", (claimed.attempt, delay, claimed.id, claimed.lease), claimed)
 
     def release(self, envelope: Envelope) -> None:
         # Not waited for: shutdown hands runs back, and its grace is its own.
-        self._fenced("PARK", (envelope.attempt, 0.0, envelope.id, envelope.lease), envelope, wait=0.0)
+        claimed = _claimed(envelope)
+        self._fenced("PARK", (claimed.attempt, 0.0, claimed.id, claimed.lease), claimed, wait=0.0)
 
     def dead(self, envelope: Envelope, error: str) -> None:
         # Waited for (within a bound): the dead-letter callbacks run after, and
         # pending_count() should already be down then.
-        self._fenced("DEAD", (envelope.attempt, error, envelope.id, envelope.lease), envelope)
+        claimed = _claimed(envelope)
+        self._fenced("DEAD", (claimed.attempt, error, claimed.id, claimed.lease), claimed)
 
     def wake(self, count: int) -> None:
         self._fetcher.wake(count)
 
-    def _fenced(self, query: str, params: tuple[Any, ...], envelope: Envelope, wait: float | None = None) -> None:
+    def _fenced(
+        self, query: str, params: tuple[Any, ...], envelope: ClaimedEnvelope, wait: float | None = None
+    ) -> None:
         writer = self._writer
         bound = writer.try_bound if wait is None else wait
         writer.write(envelope, self._sql[query], params, wait=bound)
@@ -416,32 +424,37 @@ class DatabaseStore:
 
     # -- what the background loops run --------------------------------------------
 
-    def _write_completed(self, batch: list[Envelope], deadline: float) -> int:
+    def _write_completed(self, batch: list[ClaimedEnvelope], deadline: float) -> int:
         """Delete finished rows (fenced on their leases), record and count them, in one commit; how many."""
         if self.dialect is POSTGRES:
             # One statement, so one round trip and no BEGIN/COMMIT: the completer is
             # the busiest writer of a queue that runs short jobs.
             ids = [envelope.id for envelope in batch]
             tokens = [envelope.lease for envelope in batch]
+            results = [envelope.result for envelope in batch]
+            keeps = [envelope.keep for envelope in batch]
 
             def complete(cursor: Any) -> int:
-                cursor.execute(self._sql["COMPLETE_RECORD_COUNT"], (ids, tokens, self.queue, int(time.time())))
+                params = (ids, tokens, results, keeps, self.queue, int(time.time()))
+                cursor.execute(self._sql["COMPLETE_RECORD_COUNT"], params)
                 row = cursor.fetchone()
                 return int(row[0]) if row else 0
 
             return self.run(complete, deadline=deadline)
         return self.transaction(lambda cursor: self._delete_completed(cursor, batch), deadline=deadline)
 
-    def _delete_completed(self, cursor: Any, batch: list[Envelope]) -> int:
+    def _delete_completed(self, cursor: Any, batch: list[ClaimedEnvelope]) -> int:
         """Delete finished rows (fenced on their leases) and count them done; how many were deleted."""
-        by_lease: dict[str | None, list[str]] = {}
+        by_lease: dict[str | None, list[ClaimedEnvelope]] = {}
         for envelope in batch:
-            by_lease.setdefault(envelope.lease, []).append(envelope.id)
+            by_lease.setdefault(envelope.lease, []).append(envelope)
         deleted = 0
-        for lease, ids in by_lease.items():
+        for lease, envelopes in by_lease.items():
+            ids = [envelope.id for envelope in envelopes]
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ", ".join([self.dialect.placeholder] * len(chunk))
+                self._keep_results(cursor, lease, envelopes[start : start + 500])
                 cursor.execute(self._sql["COMPLETE_MANY"].replace("{ids}", marks), (lease, *chunk))
                 deleted += int(cursor.rowcount)
             # So that a dispatch retried after a lost reply does not insert them again.
@@ -451,6 +464,30 @@ class DatabaseStore:
             count = self._sql["COUNT_DONE_MYSQL" if self.dialect is MYSQL else "COUNT_DONE"]
             cursor.execute(count, (self.queue, int(time.time()), deleted))
         return deleted
+
+    def _keep_results(self, cursor: Any, lease: str | None, envelopes: list[ClaimedEnvelope]) -> None:
+        """Record the done jobs that keep a result, from their rows (fenced on ``lease``), before they go."""
+        kept = [envelope for envelope in envelopes if envelope.keep > 0]
+        if not kept:
+            return
+        mark = self.dialect.placeholder
+        case = "CASE id" + f" WHEN {mark} THEN {mark}" * len(kept) + " END"
+        sql = self._sql["KEEP_RESULTS"].replace("{results}", case).replace("{keeps}", case)
+        sql = sql.replace("{ids}", ", ".join([mark] * len(kept)))
+        params: list[Any] = []
+        for envelope in kept:
+            params += (envelope.id, envelope.result)
+        for envelope in kept:
+            params += (envelope.id, envelope.keep)
+        cursor.execute(sql, (*params, lease, *(envelope.id for envelope in kept)))
+
+    def status(self, job_id: str) -> JobStatus | None:
+        def read(cursor: Any) -> Any:
+            cursor.execute(self._sql["STATUS"], (job_id, job_id))
+            return cursor.fetchone()
+
+        row = self.run(read, deadline=self.dispatch_timeout)
+        return None if row is None else status_from_row(job_id, row)
 
     def _renew(self, cursor: Any, tokens: list[str]) -> None:
         """Push back the leases of the rows this process holds, and only those."""
@@ -467,6 +504,41 @@ class DatabaseStore:
             cursor.execute(self._sql["WORKER_BEAT"], (self.owner,))
             if not cursor.rowcount:  # pruned while this process stalled: list it again
                 self._worker_up(cursor)
+
+
+def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
+    """A :data:`~queries.STATUS` row as a JobStatus."""
+    name, row_state, attempt, max_attempts, error, result, created, started, finished, run_at, now = row
+    state: State
+    if row_state == "dead":
+        state = "dead"
+    elif row_state == "done":
+        state = "done"
+    elif row_state == "running":
+        state = "running"
+    elif attempt:
+        state = "retrying"
+    else:
+        state = "scheduled" if row_state == "queued" and run_at is not None and run_at > now else "queued"
+    waiting = state in ("queued", "scheduled", "retrying")
+    return JobStatus(
+        job_id,
+        name,
+        state,
+        int(attempt),
+        int(max_attempts),
+        error=error,
+        result=decode_result(result),
+        created_at=utc(created),
+        started_at=utc(started) if state != "queued" else None,
+        finished_at=utc(finished),
+        run_at=utc(run_at) if waiting else None,
+    )
+
+
+def _claimed(envelope: Envelope) -> ClaimedEnvelope:
+    """The worker loop hands back what :meth:`DatabaseStore.claim` gave it: a claimed envelope."""
+    return cast(ClaimedEnvelope, envelope)
 
 
 def _wake_identity(dialect: Dialect, url: str) -> str | None:

@@ -89,12 +89,15 @@ def test_a_function_task_is_dispatched_in_the_callers_transaction(alias: str) ->
     with transaction.atomic(using=alias):
         Order.objects.using(alias).create(number="F-2")
         job_id = jobs.confirm.using(using=alias).dispatch("F-2", database=alias)
+    assert isinstance(job_id, syncjobs.JobHandle)
     assert job_rows(alias) == [("shop.confirm", "queued", 0)]
+    assert job_id.status().state == "queued"  # type: ignore[union-attr]
     with pytest.raises(syncjobs.Fatal, match="no order X-9"):  # called here, it just runs
         jobs.confirm("X-9", database=alias)
     run_worker()
     assert job_rows(alias) == []
     assert Order.objects.using(alias).get(number="F-2").confirmed
+    assert job_id.status().state == "done"  # type: ignore[union-attr]
     with pytest.raises(
         syncjobs.QueueError, match=r"task 'shop\.confirm': confirm\(\) got an unexpected keyword argument 'db'"
     ):

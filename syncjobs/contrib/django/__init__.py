@@ -25,6 +25,7 @@ from ...job import Job
 from ...memory import InMemoryJobQueue
 from ...protocols import Delay
 from ...queue import StoreQueue
+from ...status import JobHandle
 from ...worker import RunWrapper
 from ..integration import JobSetup, ProcessQueues
 from . import conf
@@ -85,8 +86,8 @@ def dispatch(
     run_at: datetime.datetime | None = None,
     queue: str | None = None,
     using: str | None = None,
-) -> str:
-    """Enqueue ``job``; returns its id.
+) -> JobHandle:
+    """Enqueue ``job``; returns its handle (its id, with ``status()`` and ``result()``).
 
     With ``"DATABASE"`` set and a transaction open on that database, the job
     is inserted in it: rolled back with it, visible to workers at its commit.
@@ -109,7 +110,7 @@ def dispatch(
         # dispatch whose start fails hands over no job.
         _queues.start([name])
     transaction.on_commit(prepared.submit, using=using or DEFAULT_DB_ALIAS)
-    return prepared.id
+    return target.handle(prepared.id)
 
 
 #: ``@task`` (or ``@task(name=…, max_attempts=…, retry_wait=…, queue=…)``) on a module-level function:
@@ -129,7 +130,7 @@ def _build(config: conf.Config, name: str, *, workers: int | None = None, grace:
     workers = config.workers if workers is None else workers
     grace = config.shutdown_grace if grace is None else grace
     if config.backend == "memory":
-        queue = InMemoryJobQueue(workers, shutdown_grace=grace, timeout=config.timeout)
+        queue = InMemoryJobQueue(workers, shutdown_grace=grace, timeout=config.timeout, keep_result=config.keep_result)
     else:
         url, connect_args = (config.url, {}) if config.url else conf.connection_for(config.database or DEFAULT_DB_ALIAS)
         # With DATABASE, the table is the app's migration's: never created behind it.
@@ -140,6 +141,7 @@ def _build(config: conf.Config, name: str, *, workers: int | None = None, grace:
             queue=name,
             shutdown_grace=grace,
             timeout=config.timeout,
+            keep_result=config.keep_result,
             table=conf.TABLE,
             auto_schema=config.database is None,
         )

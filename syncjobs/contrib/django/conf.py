@@ -13,9 +13,10 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ...job import check_timeout
+from ...job import check_keep_result, check_timeout
+from ...status import DEFAULT_KEEP_RESULT
 
-KNOWN_KEYS = ("BACKEND", "URL", "DATABASE", "WORKERS", "QUEUES", "SHUTDOWN_GRACE", "TIMEOUT")
+KNOWN_KEYS = ("BACKEND", "URL", "DATABASE", "WORKERS", "QUEUES", "SHUTDOWN_GRACE", "TIMEOUT", "KEEP_RESULT")
 BACKENDS = ("memory", "database")
 #: The jobs table the app's migration creates.
 TABLE = "syncjobs_jobs"
@@ -33,6 +34,8 @@ class Config:
     shutdown_grace: float
     #: Seconds a run of a job without a TIMEOUT of its own may take; None: no limit.
     timeout: float | None = None
+    #: Seconds a finished job's record is kept, for jobs without a KEEP_RESULT of their own.
+    keep_result: float = DEFAULT_KEEP_RESULT
 
     @property
     def default_queue(self) -> str:
@@ -78,9 +81,10 @@ def read() -> Config:
         raise ImproperlyConfigured(f"settings.SYNCJOBS SHUTDOWN_GRACE must be seconds >= 0, got {grace!r}")
     try:
         timeout = check_timeout(raw.get("TIMEOUT"), "settings.SYNCJOBS TIMEOUT")
+        keep = check_keep_result(raw.get("KEEP_RESULT", DEFAULT_KEEP_RESULT), "settings.SYNCJOBS KEEP_RESULT")
     except TypeError as exc:
         raise ImproperlyConfigured(str(exc)) from None
-    return Config(backend, url, database, workers, tuple(queues), float(grace), timeout)
+    return Config(backend, url, database, workers, tuple(queues), float(grace), timeout, keep)
 
 
 def connection_for(alias: str) -> tuple[str, dict[str, Any]]:

@@ -2,8 +2,9 @@
 
 Config keys: ``SYNCJOBS_URL`` (default ``memory://``), ``SYNCJOBS_WORKERS``
 (4), ``SYNCJOBS_QUEUES`` (``["default"]``), ``SYNCJOBS_GRACE`` (5 seconds),
-``SYNCJOBS_EMBEDDED`` (False), ``SYNCJOBS_TIMEOUT`` (None: no limit on a run). Each app's state is
-``app.extensions["syncjobs"]``; jobs run inside an app context of the app
+``SYNCJOBS_EMBEDDED`` (False), ``SYNCJOBS_TIMEOUT`` (None: no limit on a run),
+``SYNCJOBS_KEEP_RESULT`` (600: seconds a finished job's record is kept). Each
+app's state is ``app.extensions["syncjobs"]``; jobs run inside an app context of the app
 that dispatched them. ``flask syncjobs worker`` runs the workers.
 
 Job classes, run wrappers and dead-letter callbacks belong to the extension
@@ -29,6 +30,7 @@ from ...job import Job
 from ...protocols import Delay
 from ...queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from ...settings import connect
+from ...status import DEFAULT_KEEP_RESULT, JobHandle
 from ...worker import RunWrapper
 from ..integration import JobSetup, ProcessQueues
 
@@ -44,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "SYNCJOBS_GRACE": DEFAULT_SHUTDOWN_GRACE,
     "SYNCJOBS_EMBEDDED": False,
     "SYNCJOBS_TIMEOUT": None,
+    "SYNCJOBS_KEEP_RESULT": DEFAULT_KEEP_RESULT,
 }
 
 
@@ -93,8 +96,8 @@ class SyncJobs:
 
     def dispatch(
         self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, queue: str | None = None
-    ) -> str:
-        """Enqueue ``job`` on the current app's queue; it runs inside that app's context."""
+    ) -> JobHandle:
+        """Enqueue ``job`` on the current app's queue (it runs inside that app's context); returns its handle."""
         state: AppQueues = current_app.extensions["syncjobs"]
         return state.dispatch(job, delay=delay, run_at=run_at, queue=queue)
 
@@ -131,7 +134,7 @@ class AppQueues:
 
     def dispatch(
         self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, queue: str | None = None
-    ) -> str:
+    ) -> JobHandle:
         name = queue or self.app.config["SYNCJOBS_QUEUES"][0]
         # A queue named only here runs in embedded mode too, or its jobs never would.
         self.ensure_embedded(name)
@@ -154,6 +157,7 @@ class AppQueues:
             "workers": workers,
             "shutdown_grace": self.app.config["SYNCJOBS_GRACE"] if grace is None else grace,
             "timeout": self.app.config["SYNCJOBS_TIMEOUT"],
+            "keep_result": self.app.config["SYNCJOBS_KEEP_RESULT"],
         }
         if not self.url.startswith("memory:"):
             options["queue"] = name

@@ -1,0 +1,146 @@
+"""What can be asked about a dispatched job: its status, its result, and the handle ``dispatch()`` returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, Protocol
+
+from .errors import JobFailed, JobNotFound
+
+State = Literal["queued", "scheduled", "running", "retrying", "done", "dead"]
+
+#: The states a job ends in: it will not run again.
+FINISHED: frozenset[str] = frozenset({"done", "dead"})
+
+#: Seconds a finished job's record (its state and result) is kept, unless a job or the queue says otherwise.
+#: Ten minutes: long enough for a page that polls a job to read its result, and for
+#: someone who looks a few minutes later; short enough that a busy queue keeps
+#: a small table (or, in memory, a small dict) of them. (RQ keeps 500 s.)
+DEFAULT_KEEP_RESULT = 600.0
+
+# How result() polls where nothing wakes it: a fast first look, then backing off to this.
+_FIRST_LOOK = 0.005
+_LONGEST_PAUSE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStatus:
+    """One job's record, as ``queue.status(job_id)`` or ``handle.status()`` read it."""
+
+    id: str
+    name: str
+    #: queued (waiting to run), scheduled (held back by a delay or run_at), running,
+    #: retrying (a run failed; the next is queued or waiting for its backoff),
+    #: done (its record is kept ``keep_result`` seconds), dead (a dead letter).
+    state: State
+    #: Runs begun and ended (a run in progress is not counted yet).
+    attempts: int
+    max_attempts: int
+    #: Why a dead job failed.
+    error: str | None = None
+    #: What a done job's run returned (JSON-decoded); None for a job that returned nothing.
+    result: Any = None
+    created_at: datetime.datetime | None = None
+    #: When its latest run began (None before any).
+    started_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+    #: When a queued, scheduled or retrying job is due.
+    run_at: datetime.datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        """The job will not run again (done or dead)."""
+        return self.state in FINISHED
+
+
+def utc(epoch: float | None) -> datetime.datetime | None:
+    """Epoch seconds as an aware UTC datetime."""
+    if epoch is None:
+        return None
+    return datetime.datetime.fromtimestamp(float(epoch), datetime.timezone.utc)
+
+
+def decode_result(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+class StatusSource(Protocol):
+    """What a handle asks: the queue that dispatched the job."""
+
+    def status(self, job_id: str) -> JobStatus | None: ...
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any: ...
+
+
+class JobHandle(str):
+    """What ``dispatch()`` returns: the job's id (it *is* that string) and a way to ask about the job.
+
+    Existing code that stores, compares or prints the id keeps working; a
+    pickled or copied handle is a plain string. Each queue makes its handles
+    with its own subclass (see :func:`handle_type`), which knows the queue:
+    a handle is then made as cheaply as the string itself.
+    """
+
+    __slots__ = ()
+    _source: ClassVar[StatusSource]
+
+    @property
+    def id(self) -> str:
+        return str(self)
+
+    def status(self) -> JobStatus | None:
+        """The job's record now; None once it is no longer kept (see ``keep_result``)."""
+        return self._source.status(self.id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the job to end and return what its run returned; see ``queue.result()``."""
+        return self._source.result(self.id, timeout)
+
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        return str, (self.id,)
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.id!r})"
+
+
+def handle_type(source: StatusSource) -> type[JobHandle]:
+    """The class of ``source``'s handles: ``handle_type(queue)(job_id)`` is a handle of that queue's job."""
+    namespace = {"__slots__": (), "_source": source, "__module__": __name__, "__qualname__": "JobHandle"}
+    return type("JobHandle", (JobHandle,), namespace)
+
+
+def wait_for_result(
+    job_id: str,
+    timeout: float | None,
+    status: Callable[[str], JobStatus | None],
+    wait: Callable[[float], object],
+) -> Any:
+    """Poll ``status`` until the job ends, pausing with ``wait`` (woken early by the queue's own finishes)."""
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0):
+        raise ValueError(f"timeout must be seconds >= 0 or None, got {timeout!r}")
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = _FIRST_LOOK
+    while True:
+        found = status(job_id)
+        if found is None:
+            raise JobNotFound(
+                f"job {job_id}: no record of it (never dispatched to this queue, or finished more than its "
+                "keep_result ago)"
+            )
+        if found.state == "done":
+            return found.result
+        if found.state == "dead":
+            raise JobFailed(
+                f"job {found.name!r} ({job_id}) is dead after {found.attempts} of {found.max_attempts} runs: "
+                f"{found.error}",
+                found,
+            )
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise TimeoutError(f"job {found.name!r} ({job_id}) has not finished after {timeout}s: it is {found.state}")
+        wait(pause if remaining is None else min(pause, remaining))
+        pause = min(pause * 2, _LONGEST_PAUSE)

@@ -1,0 +1,362 @@
+"""Handles, status and results: written once, run on memory, SQLite, PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import json
+import time
+import uuid
+from typing import Any, ClassVar
+
+import pytest
+
+import syncjobs
+from syncjobs.errors import JobFailed, JobNotFound
+from syncjobs.status import JobHandle
+from tests.conftest import TEST_TABLE, Backend, QueueFactory
+from tests.dbworker import SumJob, Workers
+from tests.helpers import WAIT, FakeClock, OnceJob, Probe, ProbeJob, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+# The database's clock and this process's may differ by a little (and the
+# database stores times as floating seconds).
+SKEW = datetime.timedelta(seconds=2)
+
+
+def now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+class TimedOnceJob(ProbeJob):
+    NAME = "tests.status_timed"
+    MAX_ATTEMPTS = 1
+    TIMEOUT = 0.3
+
+
+@dataclasses.dataclass
+class ReturnsJob(syncjobs.Job):
+    """Returns ``value`` as it is: a set is not JSON."""
+
+    NAME = "tests.returns"
+    MAX_ATTEMPTS = 3
+    KEEP_RESULT: ClassVar[float | None] = None
+    kind: str
+
+    def run(self) -> Any:
+        return {"set": {1, 2}, "tuple": (1, 2), "none": None}[self.kind]
+
+
+def queue_with(make_queue: QueueFactory, **options: Any) -> Any:
+    queue = make_queue(**options)
+    for job_cls in (SumJob, TimedOnceJob, ReturnsJob):
+        queue.register(job_cls)
+    return queue
+
+
+def test_dispatch_returns_a_handle_that_is_the_jobs_id(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=0)
+    handle = queue.dispatch(SumJob([1]))
+    assert isinstance(handle, JobHandle)
+    assert isinstance(handle, str)
+    assert handle == handle.id == str(handle)
+    assert {handle: 1}[str(handle)] == 1
+    assert json.dumps({"id": handle}) == json.dumps({"id": str(handle)})
+    for copied in (copy.copy(handle), copy.deepcopy(handle)):
+        assert type(copied) is str  # what a cache or a session pickles, too: no queue inside
+        assert copied == handle
+    # The handle and a plain copy of the id find the same record.
+    assert queue.status(copied) == handle.status()
+    assert repr(handle) == f"JobHandle({str(handle)!r})"
+
+
+def test_a_job_is_queued_then_running_then_done_with_its_result(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    probe = Probe("block")
+    before = now()
+    blocked = queue.dispatch(ProbeJob(probe.id))
+    summed = queue.dispatch(SumJob([1, 2, 3]))
+    queued = summed.status()
+    assert queued is not None
+    assert (queued.id, queued.name, queued.state, queued.attempts) == (summed, "tests.sum", "queued", 0)
+    assert queued.max_attempts == SumJob.MAX_ATTEMPTS
+    assert queued.created_at is not None
+    assert before - SKEW <= queued.created_at <= now() + SKEW
+    assert (queued.started_at, queued.finished_at, queued.result, queued.finished) == (None, None, None, False)
+    with queue:
+        probe.wait_runs(1)
+        # A database marks a run begun from a prefetched row a moment after it begins.
+        wait_until(lambda: getattr(blocked.status(), "state", None) == "running", what="the run to show")
+        running = blocked.status()
+        assert running is not None
+        assert (running.state, running.attempts, running.finished) == ("running", 0, False)
+        assert running.started_at is not None
+        assert before - SKEW <= running.started_at <= now() + SKEW
+        probe.release.set()
+        assert summed.result(WAIT) == {"sum": 6}
+        assert blocked.result(WAIT) is None
+    done = summed.status()
+    assert done is not None
+    assert (done.state, done.attempts, done.result, done.error, done.finished) == ("done", 1, {"sum": 6}, None, True)
+    assert done.started_at is not None
+    assert done.finished_at is not None
+    assert done.created_at is not None
+    assert done.created_at - SKEW <= done.started_at <= done.finished_at <= now() + SKEW
+
+
+def test_a_delayed_job_is_scheduled_until_its_time(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=0)
+    handle = queue.dispatch(SumJob([1]), delay=60)
+    status = handle.status()
+    assert status is not None
+    assert status.state == "scheduled"
+    assert status.run_at is not None
+    assert (
+        now() + datetime.timedelta(seconds=60) - SKEW <= status.run_at <= now() + datetime.timedelta(seconds=60) + SKEW
+    )
+    began = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"'tests.sum' .* has not finished after 0.2s: it is scheduled"):
+        handle.result(timeout=0.2)
+    assert time.monotonic() - began < 5
+
+
+def test_a_failed_run_shows_the_job_retrying_with_its_runs_spent(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    probe = Probe("retryable", "ok", wait=60)
+    handle = queue.dispatch(ProbeJob(probe.id))
+    with queue:
+        wait_until(lambda: getattr(handle.status(), "state", None) == "retrying", what="the job to be retrying")
+    status = handle.status()
+    assert status is not None
+    assert (status.state, status.attempts, status.finished) == ("retrying", 1, False)
+    assert status.run_at is not None
+    assert status.run_at > now() + datetime.timedelta(seconds=30)
+
+
+def test_the_result_of_a_dead_job_raises_job_failed_with_its_error(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue)
+    probe = Probe("crash")
+    with queue:
+        handle = queue.dispatch(OnceJob(probe.id))
+        with pytest.raises(JobFailed, match=r"'tests.once' .* is dead after 1 of 1 runs: job raised ValueError: boom"):
+            handle.result(WAIT)
+        with pytest.raises(JobFailed) as failed:
+            queue.result(handle, WAIT)
+    status = failed.value.status
+    assert isinstance(status, syncjobs.JobStatus)
+    assert (status.state, status.attempts, status.error, status.finished) == (
+        "dead",
+        1,
+        "job raised ValueError: boom",
+        True,
+    )
+    assert status.finished_at is not None
+
+
+def test_the_result_of_a_timed_out_job_says_it_timed_out(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue)
+    probe = Probe("block")
+    try:
+        with queue:
+            handle = queue.dispatch(TimedOnceJob(probe.id))
+            with pytest.raises(JobFailed, match=r"dead after 1 of 1 runs: timed out after 0.3s"):
+                handle.result(WAIT)
+    finally:
+        probe.release.set()
+
+
+def test_a_result_that_is_not_json_makes_a_dead_letter_saying_so(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue)
+    letters: list[syncjobs.DeadLetter] = []
+    queue.on_dead_letter(letters.append)
+    with queue:
+        bad = queue.dispatch(ReturnsJob("set"))
+        with pytest.raises(JobFailed, match=r"returned a value that is not JSON: Object of type set"):
+            bad.result(WAIT)
+        # A tuple comes back a list: the work is done, and refusing it would fail the job.
+        assert queue.dispatch(ReturnsJob("tuple")).result(WAIT) == [1, 2]
+        assert queue.dispatch(ReturnsJob("none")).result(WAIT) is None
+    assert [(letter.job_id, letter.attempts) for letter in letters] == [(bad, 1)]
+
+
+def test_an_unknown_job_has_no_status_and_its_result_says_so(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=0)
+    missing = str(uuid.uuid4())
+    assert queue.status(missing) is None
+    with pytest.raises(JobNotFound, match=rf"job {missing}: no record of it"):
+        queue.result(missing, timeout=1)
+    with pytest.raises(TypeError, match="a job id is a string, got int"):
+        queue.status(42)
+    with pytest.raises(ValueError, match="timeout must be seconds >= 0"):
+        queue.result(missing, timeout=-1)
+
+
+def test_with_keep_result_zero_a_done_job_leaves_no_record(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, keep_result=0)
+    assert queue.keep_result == 0
+    with queue:
+        handle = queue.dispatch(SumJob([2]))
+        assert queue.join(WAIT)
+    assert handle.status() is None
+    with pytest.raises(JobNotFound):
+        handle.result(0)
+
+
+def test_a_jobs_own_keep_result_beats_the_queues(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, keep_result=0)
+
+    class Kept(SumJob):
+        NAME = "tests.sum_kept"
+        KEEP_RESULT = 600
+
+    queue.register(Kept)
+    with queue:
+        handle = queue.dispatch(Kept([4]))
+        assert handle.result(WAIT) == {"sum": 4}
+
+
+def test_a_done_jobs_record_goes_once_its_keep_result_has_passed(backend: Backend) -> None:
+    if backend.is_database:
+        pytest.skip("a database keeps its own time: see test_the_workers_prune_expired_results_from_the_database")
+    clock = FakeClock()
+    queue = backend.make(clock=clock, keep_result=10)
+    queue.register(SumJob)
+    with queue:
+        first = queue.dispatch(SumJob([1]))
+        assert first.result(WAIT) == {"sum": 1}
+        clock.advance(9)
+        assert first.status() is not None
+        clock.advance(2)
+        assert first.status() is None
+        with pytest.raises(JobNotFound):
+            first.result(0)
+        # A later finish prunes it; the later job's record stays.
+        second = queue.dispatch(SumJob([2]))
+        assert second.result(WAIT) == {"sum": 2}
+        assert first.status() is None
+
+
+@pytest.mark.parametrize("bad", [-1, float("inf"), "10", True])
+def test_a_bad_keep_result_is_refused_where_it_is_written(bad: object) -> None:
+    with pytest.raises(TypeError, match=rf"job class .*Bad: KEEP_RESULT must be a number of seconds >= 0, got {bad!r}"):
+
+        class Bad(SumJob):
+            NAME = "tests.bad_keep"
+            KEEP_RESULT = bad  # type: ignore[assignment]
+
+    with pytest.raises(ValueError, match="keep_result must be a number of seconds >= 0"):
+        syncjobs.InMemoryJobQueue(keep_result=bad)  # type: ignore[arg-type]
+    queue = syncjobs.InMemoryJobQueue(workers=0)
+    with pytest.raises(TypeError, match="KEEP_RESULT must be a number of seconds >= 0"):
+
+        @queue.task(name="tests.kept", keep_result=bad)  # type: ignore[arg-type]
+        def kept() -> None: ...
+
+
+def test_a_tasks_return_value_is_its_result_and_its_keep_result_its_own() -> None:
+    queue = syncjobs.InMemoryJobQueue(workers=1, keep_result=0)
+
+    @queue.task(name="tests.add", keep_result=60)
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    with queue:
+        handle = add.dispatch(2, b=3)
+        assert isinstance(handle, JobHandle)
+        assert handle.result(WAIT) == 5
+    status = handle.status()
+    assert status is not None
+    assert (status.name, status.state, status.result) == ("tests.add", "done", 5)
+
+
+# -- across processes, on the database -------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_status_and_results_are_read_from_another_process(db_url: str) -> None:
+    name = f"q-{uuid.uuid4().hex[:10]}"
+    queue = syncjobs.DatabaseJobQueue(db_url, queue=name, table=TEST_TABLE, workers=0, poll_interval=0.2)
+    queue.register(SumJob)
+    workers = Workers(db_url, name, table=TEST_TABLE)
+    try:
+        summed = queue.dispatch(SumJob([1, 2, 3]))
+        failed = queue.dispatch(SumJob([1, -5]))
+        assert summed.status().state == "queued"  # type: ignore[union-attr]
+        workers.spawn()
+        assert summed.result(WAIT) == {"sum": 6}
+        with pytest.raises(JobFailed, match=r"'tests.sum' .* is dead after 1 of 5 runs: fatal: negative: -5"):
+            failed.result(WAIT)
+        # A queue object that dispatched nothing reads the same records.
+        other = syncjobs.DatabaseJobQueue(db_url, queue=name, table=TEST_TABLE, workers=0)
+        try:
+            done = other.status(str(summed))
+            assert done is not None
+            assert (done.state, done.attempts, done.result) == ("done", 1, {"sum": 6})
+            dead = other.status(str(failed))
+            assert dead is not None
+            assert (dead.state, dead.error) == ("dead", "fatal: negative: -5")
+        finally:
+            other.shutdown(grace=0)
+    finally:
+        workers.stop()
+        queue.shutdown(grace=0)
+
+
+@pytest.mark.timeout(60)
+def test_the_workers_prune_expired_results_from_the_database(db_url: str) -> None:
+    from tests.test_database import execute
+
+    queue = syncjobs.DatabaseJobQueue(
+        db_url, queue=f"q-{uuid.uuid4().hex[:10]}", table=TEST_TABLE, workers=1, keep_result=0.5, lease=2.0
+    )
+    queue.register(SumJob)
+    try:
+        with queue:
+            handle = queue.dispatch(SumJob([7]))
+            assert handle.result(WAIT) == {"sum": 7}
+            # Past its keep it is gone from status() at once, and from the table at the workers' next tidy-up.
+            wait_until(lambda: handle.status() is None, what="the record to expire")
+            wait_until(
+                lambda: (
+                    execute(db_url, f"SELECT COUNT(*) FROM {TEST_TABLE}_results WHERE id = ?", (str(handle),)) == [(0,)]
+                ),
+                what="the expired record to be pruned",
+            )
+    finally:
+        queue.shutdown(grace=0)
+
+
+@pytest.mark.timeout(60)
+def test_a_populated_version_3_table_gains_started_at_and_results(db_url: str) -> None:
+    from tests.test_database import columns, drop_tables, execute, old_ddl
+
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    queue = syncjobs.DatabaseJobQueue(db_url, table=table, auto_schema=False, workers=1, poll_interval=0.2)
+    queue.register(SumJob)
+    try:
+        for statement in old_ddl(db_url, table, 3):
+            execute(db_url, statement)
+        execute(db_url, f"INSERT INTO {table}_schema (version) VALUES (3)")
+        assert "started_at" not in columns(db_url, table)
+        insert = (
+            f"INSERT INTO {table} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at) "
+            "VALUES (?, 'default', 'tests.sum', ?, 'queued', 0, 3, 0, 0)"
+        )
+        job_id = str(uuid.uuid4())
+        execute(db_url, insert, (job_id, '{"numbers": [20, 22]}'))
+        with pytest.raises(syncjobs.QueueError, match=r"version 3, this syncjobs needs 4"):
+            queue.start()
+        assert queue.admin.migrate() == 3
+        assert queue.admin.migrate() == 4  # again: nothing to do
+        assert "started_at" in columns(db_url, table)
+        with queue:
+            assert queue.result(job_id, WAIT) == {"sum": 42}
+        status = queue.status(job_id)
+        assert status is not None
+        assert (status.state, status.attempts, status.result) == ("done", 1, {"sum": 42})
+        assert status.started_at is not None
+    finally:
+        queue.shutdown(grace=0)
+        drop_tables(db_url, table)
