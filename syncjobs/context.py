@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import contextvars
+import math
 import threading
+import time
+from collections.abc import Callable
 
 from .errors import Cancelled
+from .status import MAX_NOTE, Progress
+
+#: Seconds between two progress reports of one run that are published (the latest is always kept).
+PROGRESS_EVERY = 1.0
 
 # Guards the lazy creation of cancel events; taken only when a job first looks
 # at its token or shutdown cancels a run, never on the hot path.
@@ -15,9 +22,29 @@ _cancel_lock = threading.Lock()
 class RunInfo:
     """The run in progress, as ``current_job()`` returns it."""
 
-    __slots__ = ("_cancel_requested", "_event", "attempt", "id", "max_attempts", "name")
+    __slots__ = (
+        "_cancel_requested",
+        "_clock",
+        "_event",
+        "_report",
+        "_reported_at",
+        "attempt",
+        "id",
+        "latest_progress",
+        "max_attempts",
+        "name",
+    )
 
-    def __init__(self, id: str, name: str, attempt: int, max_attempts: int) -> None:
+    def __init__(
+        self,
+        id: str,
+        name: str,
+        attempt: int,
+        max_attempts: int,
+        *,
+        report: Callable[[Progress], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.id = id
         self.name = name
         #: 0-based number of this run.
@@ -25,6 +52,11 @@ class RunInfo:
         self.max_attempts = max_attempts
         self._event: threading.Event | None = None
         self._cancel_requested = False
+        #: What the run last reported with :meth:`progress` (None before it does).
+        self.latest_progress: Progress | None = None
+        self._report = report
+        self._clock = clock
+        self._reported_at = -math.inf
 
     @property
     def cancelled(self) -> threading.Event:
@@ -56,6 +88,37 @@ class RunInfo:
             event = self._event
         if event is not None:
             event.set()
+
+    def progress(self, done: float, total: float | None = None, note: str = "") -> None:
+        """Report how far the run has come: ``done`` of ``total`` (if known), with a short ``note``.
+
+        Shown by ``status()`` and ``syncjobs show``. Cheap in a tight loop:
+        the latest report is kept, and published at most once a second (on a
+        database, one write a second at most); the last one is kept with the
+        job's record when the run ends.
+        """
+        self.latest_progress = progress = self._checked_progress(done, total, note)
+        report = self._report
+        if report is not None:
+            now = self._clock()
+            if now - self._reported_at >= PROGRESS_EVERY:
+                self._reported_at = now
+                report(progress)
+
+    def _checked_progress(self, done: object, total: object, note: object) -> Progress:
+        where = f"job {self.name!r} ({self.id}): progress()"
+        if isinstance(done, bool) or not isinstance(done, (int, float)):
+            raise TypeError(f"{where}: done must be a number >= 0, got {done!r}")
+        if not 0 <= done < math.inf:
+            raise ValueError(f"{where}: done must be a number >= 0, got {done!r}")
+        if total is not None:
+            if isinstance(total, bool) or not isinstance(total, (int, float)):
+                raise TypeError(f"{where}: total must be a number > 0 (or None), got {total!r}")
+            if not 0 < total < math.inf:
+                raise ValueError(f"{where}: total must be a number > 0 (or None), got {total!r}")
+        if not isinstance(note, str):
+            raise TypeError(f"{where}: note must be a string, got {type(note).__name__}")
+        return Progress(done, total, note[:MAX_NOTE])
 
     def __repr__(self) -> str:
         return f"RunInfo(id={self.id!r}, name={self.name!r}, attempt={self.attempt}, max_attempts={self.max_attempts})"

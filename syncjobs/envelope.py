@@ -38,6 +38,8 @@ class ClaimedEnvelope(Envelope):
     #: The finished run's return value as JSON (None: nothing to keep), and for how many seconds to keep it.
     result: str | None = None
     keep: float = 0.0
+    #: What the run last reported (JSON), for the record.
+    progress: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,6 +53,17 @@ class JobNotFound(QueueError, LookupError):
     kind = "job not found"
 
 
+class JobCancelled(JobError, Cancelled):
+    """What ``result()`` raises for a job that was cancelled: of the ``Cancelled`` family, and an ``Exception``."""
+
+    kind = "job cancelled"
+
+    def __init__(self, message: str, status: object) -> None:
+        super().__init__(message)
+        #: The job's :class:`~syncjobs.JobStatus` when it was read.
+        self.status = status
+
+
 class JobFailed(JobError):
     """What ``result()`` raises for a job that ended as a dead letter; ``status`` says how it ended."""
 

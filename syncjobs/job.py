@@ -45,7 +45,7 @@ class Job:
         if "TIMEOUT" in cls.__dict__:
             check_timeout(cls.TIMEOUT, f"job class {cls.__qualname__}: TIMEOUT")
         if "KEEP_RESULT" in cls.__dict__ and cls.KEEP_RESULT is not None:
-            check_keep_result(cls.KEEP_RESULT, f"job class {cls.__qualname__}: KEEP_RESULT")
+            cls.KEEP_RESULT = check_keep_result(cls.KEEP_RESULT, f"job class {cls.__qualname__}: KEEP_RESULT")
 
     def run(self) -> object:
         """Do the work. Return normally for success (what it returns, JSON, is the job's result); raise to fail."""

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from .envelope import Envelope
 from .ids import created_at
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
-from .status import DEFAULT_KEEP_RESULT, JobStatus, State, decode_result, utc
+from .status import DEFAULT_KEEP_RESULT, JobStatus, Progress, State, decode_result, utc
 from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
@@ -43,6 +43,23 @@ class _Record(NamedTuple):
     started: float | None
     finished: float
     expires: float
+    progress: str | None
+
+
+#: The most finished jobs' records an in-memory queue keeps: beyond it, those
+#: soonest to expire go first. About 270 bytes each, plus the result: some
+#: 30 MB at most, whatever the rate of jobs and their keep_result.
+MAX_RECORDS = 100_000
+
+#: In ``MemoryStore._started`` for a job cancelled while it waited: its claim drops it.
+_CANCELLED = -1.0
+
+
+class _Look:
+    """``_keep(started=_LOOK)``: read when the run began from ``_started``."""
+
+
+_LOOK = _Look()
 
 
 class MemoryStore:
@@ -59,8 +76,12 @@ class MemoryStore:
         # worker takes a lock per job (a lock they shared formed lock convoys
         # under the GIL). About 38 bytes a pending job.
         self._unfinished: dict[str, Envelope] = {}
-        #: When (epoch seconds) the runs in progress began, by job id.
+        # When (epoch seconds) the runs in progress began, by job id; or
+        # _CANCELLED for a waiting job cancel() ended. setdefault() is atomic:
+        # a claim and a cancel() agree on which came first without a lock.
         self._started: dict[str, float] = {}
+        #: What running jobs last reported, by id (JSON).
+        self._progress: dict[str, str] = {}
         # Finished jobs' records, and a heap of (expiry, id) that prunes them.
         self._records: dict[str, _Record] = {}
         self._expiry: list[tuple[float, str]] = []
@@ -81,13 +102,38 @@ class MemoryStore:
         # A stale wake-up from an earlier shutdown is harmless: the loop asks again.
         if item is _WAKE:
             return None
-        self._started[item.id] = time.time()  # type: ignore[union-attr]
+        now = time.time()
+        job_id = item.id  # type: ignore[union-attr]
+        if self._started.setdefault(job_id, now) is not now:
+            # cancel() ended it while it waited: it does not run; the loop asks again.
+            self._started.pop(job_id, None)
+            return None
         return item  # type: ignore[return-value]
 
-    def complete(self, envelope: Envelope, result: str | None, keep: float) -> None:
+    def complete(self, envelope: Envelope, result: str | None, keep: float, progress: str | None = None) -> None:
         if keep > 0:
-            self._keep(envelope, "done", keep, result=result, attempts=envelope.attempt + 1)
+            self._keep(envelope, "done", keep, result=result, attempts=envelope.attempt + 1, progress=progress)
         self._finish(envelope)
+
+    def cancelled(self, envelope: Envelope, progress: str | None) -> None:
+        if self.keep_dead > 0:
+            self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, progress=progress)
+        self._finish(envelope)
+
+    def progress(self, envelope: Envelope, progress: str) -> None:
+        self._progress[envelope.id] = progress
+
+    def cancel(self, job_id: str) -> str | None:
+        envelope = self._unfinished.get(job_id)
+        if envelope is None:
+            return None
+        if self._started.setdefault(job_id, _CANCELLED) is not _CANCELLED:
+            return "requested"  # it runs: the pool sets its token
+        # Waiting (ready or parked): its claim will drop it; it ends now.
+        self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, started=None)
+        self._unfinished.pop(job_id, None)
+        self._notify_finish()
+        return "ended"
 
     def dead(self, envelope: Envelope, error: str) -> None:
         if self.keep_dead > 0:
@@ -114,6 +160,8 @@ class MemoryStore:
             return self._finished_status(job_id)
         started = self._started.get(job_id)
         run_at = None
+        if started is _CANCELLED:  # ending as cancelled at this moment
+            return self._finished_status(job_id)
         if started is not None:
             state: State = "running"
         else:
@@ -128,6 +176,7 @@ class MemoryStore:
             created_at=utc(created_at(job_id)),
             started_at=utc(started),
             run_at=utc(run_at),
+            progress=Progress.from_json(self._progress.get(job_id)) if started is not None else None,
         )
 
     def _finished_status(self, job_id: str) -> JobStatus | None:
@@ -145,14 +194,13 @@ class MemoryStore:
             created_at=utc(created_at(job_id)),
             started_at=utc(record.started),
             finished_at=utc(record.finished),
+            progress=Progress.from_json(record.progress),
         )
 
     def _due(self, envelope: Envelope) -> float | None:
         """When a parked envelope is due, in epoch seconds; None if it is not parked."""
-        for due, parked in self.timers.entries():
-            if parked is envelope:
-                return time.time() + max(0.0, due - self._clock())
-        return None
+        due = self.timers.due_of(envelope)
+        return None if due is None else time.time() + max(0.0, due - self._clock())
 
     def _keep(
         self,
@@ -163,7 +211,11 @@ class MemoryStore:
         attempts: int,
         result: str | None = None,
         error: str | None = None,
+        progress: str | None = None,
+        started: float | _Look | None = _LOOK,
     ) -> None:
+        if started is _LOOK:
+            started = self._started.get(envelope.id)
         now = self._clock()
         expires = now + keep
         # tuple.__new__ straight from C: _Record's own __new__ is Python, and a record is kept per job.
@@ -176,28 +228,37 @@ class MemoryStore:
                 envelope.max_attempts,
                 result,
                 error,
-                self._started.get(envelope.id),
+                started,
                 time.time(),
                 expires,
+                progress if progress is not None else self._progress.get(envelope.id),
             ),
         )
         heapq.heappush(self._expiry, (expires, envelope.id))
-        if self._expiry[0][0] <= now:
+        try:
+            due = self._expiry[0][0] <= now or len(self._expiry) > MAX_RECORDS
+        except IndexError:  # another worker's prune emptied it meanwhile
+            due = False
+        if due:
             self._prune(now)
 
     def _prune(self, now: float) -> None:
-        """Forget the records past their keep; one worker at a time, the others go on."""
+        """Forget the records past their keep, and the soonest to expire beyond MAX_RECORDS; one worker at a time."""
         if not self._pruning.acquire(blocking=False):
             return
         try:
             expiry = self._expiry
-            while expiry and expiry[0][0] <= now:
+            while expiry and (expiry[0][0] <= now or len(expiry) > MAX_RECORDS):
                 _, job_id = heapq.heappop(expiry)
                 record = self._records.get(job_id)
-                if record is not None and record.expires <= now:
+                if record is not None and (record.expires <= now or len(expiry) >= MAX_RECORDS):
                     del self._records[job_id]
         finally:
             self._pruning.release()
+
+    def kept_records(self) -> int:
+        """Finished jobs' records held now (pruned as they expire, or beyond MAX_RECORDS)."""
+        return len(self._records)
 
     def pending(self) -> int:
         return len(self._unfinished)
@@ -225,8 +286,13 @@ class MemoryStore:
         self.timers.stop()
 
     def _finish(self, envelope: Envelope) -> None:
-        self._started.pop(envelope.id, None)
+        # _unfinished first: status() finds a job there, then looks at _started.
         self._unfinished.pop(envelope.id, None)
+        self._started.pop(envelope.id, None)
+        self._progress.pop(envelope.id, None)
+        self._notify_finish()
+
+    def _notify_finish(self) -> None:
         # Woken only when it matters to them: a join() woken at every finish
         # would take the GIL from the workers once per job while they drain.
         # A waiter checks under the lock before it waits, so a notify sent
@@ -266,6 +332,10 @@ class InMemoryJobQueue(StoreQueue):
     def settle_timers(self, timeout: float = 5.0) -> bool:
         """Wait until the retries, delays and deadlines the clock has made due are handed over."""
         return self._memory.timers.settle(timeout) and super().settle_timers(timeout)
+
+    def kept_records(self) -> int:
+        """How many finished jobs' records (for ``status()`` and ``result()``) this queue holds now."""
+        return self._memory.kept_records()
 
     def parked(self) -> list[tuple[float, str]]:
         """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""

@@ -49,6 +49,10 @@ def _encode_text(payload: dict[str, Any]) -> str:
         raise
 
 
+#: The most characters of JSON a job's result may be: results are kept in the
+#: database for status() (a big value belongs in storage of its own, its key in the result).
+MAX_RESULT = 1_000_000
+
 # A lone surrogate: Python strings can hold one, UTF-8 (and so every database
 # driver) cannot; the memory backend refuses it too, so that backends agree.
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -89,18 +93,19 @@ def encode(job: Job) -> str:
 
 
 def encode_result(value: Any) -> str:
-    """What a run returned, as JSON text; ``QueueError`` saying why not.
+    """What a run returned, as JSON text; ``QueueError`` saying why it cannot be kept.
 
     Laxer than a payload: a tuple is kept as a list and an int key as a
-    string (what ``json.dumps`` does), because refusing a result means
-    failing a run whose work is done.
+    string (what ``json.dumps`` does): the run's work is done either way.
     """
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise QueueError(f"returned a value that is not JSON: {exc}") from exc
     except RecursionError as exc:
         raise QueueError("returned a value nested too deeply for JSON") from exc
+    except Exception as exc:
+        raise QueueError(f"returned a value that is not JSON: {type(exc).__name__}: {exc}") from exc
+    if len(text) > MAX_RESULT:
+        raise QueueError(f"returned {len(text):,} characters of JSON, more than the {MAX_RESULT:,} a result may be")
     return text  # ASCII (ensure_ascii): even a lone surrogate is stored as its escape
 
 

@@ -29,8 +29,11 @@ class Store(Protocol):
     def claim(self, stopping: threading.Event) -> Envelope | None:
         """Block until an envelope is ready; ``None`` when woken by :meth:`wake`."""
 
-    def complete(self, envelope: Envelope, result: str | None, keep: float) -> None:
-        """The run succeeded: the job is finished; its record (with ``result``, JSON) is kept ``keep`` seconds."""
+    def complete(self, envelope: Envelope, result: str | None, keep: float, progress: str | None = None) -> None:
+        """The run succeeded: the job is finished; its record (with ``result``, JSON) is kept ``keep`` seconds.
+
+        ``progress`` is what the run last reported (JSON), kept with the record.
+        """
 
     def park(self, envelope: Envelope, due: float) -> None:
         """Hold the envelope (its ``attempt`` already advanced) until the clock reads ``due``."""
@@ -40,6 +43,12 @@ class Store(Protocol):
 
     def release(self, envelope: Envelope) -> None:
         """Put a claimed envelope back to be claimed again, with its ``attempt`` as set."""
+
+    def cancelled(self, envelope: Envelope, progress: str | None) -> None:
+        """cancel() asked for the job, and its run (if one began) has ended: the job is finished as cancelled."""
+
+    def progress(self, envelope: Envelope, progress: str) -> None:
+        """The running job reported how far it has come (JSON); at most about once a second a run."""
 
     def wake(self, count: int) -> None:
         """Wake up to ``count`` workers blocked in :meth:`claim`."""
@@ -59,6 +68,8 @@ class JobQueue(Protocol):
     def status(self, job_id: str) -> JobStatus | None: ...
 
     def result(self, job_id: str, timeout: float | None = None) -> Any: ...
+
+    def cancel(self, job_id: str) -> bool: ...
 
     def start(self) -> None: ...
 
@@ -83,6 +94,9 @@ class QueueStore(Store, Protocol):
     def put(self, envelope: Envelope, delay: float) -> None: ...
 
     def status(self, job_id: str) -> JobStatus | None: ...
+
+    def cancel(self, job_id: str) -> str | None:
+        """Cancel the job: ``"ended"`` if it was waiting (it never runs), ``"requested"`` if it runs; else None."""
 
     def pending(self) -> int: ...
 

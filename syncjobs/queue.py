@@ -150,6 +150,21 @@ class StoreQueue:
         """
         return wait_for_result(job_id, timeout, self.status, self._store.wait_finished)
 
+    def cancel(self, job_id: str) -> bool:
+        """Cancel the job; True if it had not finished (it now ends cancelled), False if it had or is unknown.
+
+        A queued, delayed or parked job never runs: it is cancelled at once. A
+        running one has its cancel token set (at once in this process; in
+        another, by its next heartbeat) and ends cancelled when its run
+        returns, however it returns: it is not retried, nor a dead letter.
+        """
+        if not isinstance(job_id, str):
+            raise TypeError(f"a job id is a string, got {type(job_id).__name__}")
+        found = self._store.cancel(job_id)
+        if found == "requested":
+            self._pool.cancel_run(job_id)
+        return found is not None
+
     @property
     def keep_result(self) -> float:
         """Seconds a finished job's record is kept, for jobs without a ``KEEP_RESULT`` of their own."""

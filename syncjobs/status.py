@@ -9,12 +9,16 @@ import time
 from collections.abc import Callable
 from typing import Any, ClassVar, Literal, Protocol
 
-from .errors import JobFailed, JobNotFound
+from .errors import JobCancelled, JobFailed, JobNotFound
+from .ids import created_at
 
-State = Literal["queued", "scheduled", "running", "retrying", "done", "dead"]
+State = Literal["queued", "scheduled", "running", "retrying", "done", "dead", "cancelled"]
 
 #: The states a job ends in: it will not run again.
-FINISHED: frozenset[str] = frozenset({"done", "dead"})
+FINISHED: frozenset[str] = frozenset({"done", "dead", "cancelled"})
+
+#: The longest progress note kept; a longer one is cut (progress must never fail a run).
+MAX_NOTE = 200
 
 #: Seconds a finished job's record (its state and result) is kept, unless a job or the queue says otherwise.
 #: Ten minutes: long enough for a page that polls a job to read its result, and for
@@ -22,9 +26,39 @@ FINISHED: frozenset[str] = frozenset({"done", "dead"})
 #: a small table (or, in memory, a small dict) of them. (RQ keeps 500 s.)
 DEFAULT_KEEP_RESULT = 600.0
 
+#: Seconds result() waits for a job it cannot find that was made this recently (its transaction may be open).
+UNSEEN_GRACE = 30.0
 # How result() polls where nothing wakes it: a fast first look, then backing off to this.
 _FIRST_LOOK = 0.005
 _LONGEST_PAUSE = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What a run last reported with ``current_job().progress(done, total, note)``."""
+
+    done: float
+    total: float | None = None
+    note: str = ""
+
+    @property
+    def fraction(self) -> float | None:
+        """``done / total`` (at most 1), or None without a total."""
+        return None if self.total is None else min(1.0, self.done / self.total)
+
+    def to_json(self) -> str:
+        return json.dumps({"done": self.done, "total": self.total, "note": self.note}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Progress | None:
+        """Read back what :meth:`to_json` wrote; None for None or for what it cannot have written."""
+        if text is None:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(float(data["done"]), None if data["total"] is None else float(data["total"]), str(data["note"]))
+        except (ValueError, TypeError, KeyError):
+            return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +69,8 @@ class JobStatus:
     name: str
     #: queued (waiting to run), scheduled (held back by a delay or run_at), running,
     #: retrying (a run failed; the next is queued or waiting for its backoff),
-    #: done (its record is kept ``keep_result`` seconds), dead (a dead letter).
+    #: done (its record is kept ``keep_result`` seconds), dead (a dead letter),
+    #: cancelled (by ``cancel()``; kept like a done job's).
     state: State
     #: Runs begun and ended (a run in progress is not counted yet).
     attempts: int
@@ -50,10 +85,12 @@ class JobStatus:
     finished_at: datetime.datetime | None = None
     #: When a queued, scheduled or retrying job is due.
     run_at: datetime.datetime | None = None
+    #: What its latest run last reported, if anything.
+    progress: Progress | None = None
 
     @property
     def finished(self) -> bool:
-        """The job will not run again (done or dead)."""
+        """The job will not run again (done, dead or cancelled)."""
         return self.state in FINISHED
 
 
@@ -74,6 +111,8 @@ class StatusSource(Protocol):
     def status(self, job_id: str) -> JobStatus | None: ...
 
     def result(self, job_id: str, timeout: float | None = None) -> Any: ...
+
+    def cancel(self, job_id: str) -> bool: ...
 
 
 class JobHandle(str):
@@ -99,6 +138,10 @@ class JobHandle(str):
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the job to end and return what its run returned; see ``queue.result()``."""
         return self._source.result(self.id, timeout)
+
+    def cancel(self) -> bool:
+        """Cancel the job; see ``queue.cancel()``."""
+        return self._source.cancel(self.id)
 
     def __reduce__(self) -> tuple[type[str], tuple[str]]:
         return str, (self.id,)
@@ -126,20 +169,30 @@ def wait_for_result(
     pause = _FIRST_LOOK
     while True:
         found = status(job_id)
+        remaining = None if deadline is None else deadline - time.monotonic()
         if found is None:
-            raise JobNotFound(
-                f"job {job_id}: no record of it (never dispatched to this queue, or finished more than its "
-                "keep_result ago)"
-            )
+            made = created_at(job_id)
+            # A job made moments ago may not be there yet: dispatched in a
+            # transaction not yet committed, or on_commit in Django.
+            young = made is not None and 0 <= time.time() - made < UNSEEN_GRACE
+            if not young or (remaining is not None and remaining <= 0):
+                raise JobNotFound(
+                    f"job {job_id}: no record of it (never dispatched to this queue, not committed yet, or "
+                    "finished more than its keep_result ago)"
+                )
+            wait(pause if remaining is None else min(pause, remaining))
+            pause = min(pause * 2, _LONGEST_PAUSE)
+            continue
         if found.state == "done":
             return found.result
+        if found.state == "cancelled":
+            raise JobCancelled(f"job {found.name!r} ({job_id}) was cancelled", found)
         if found.state == "dead":
             raise JobFailed(
                 f"job {found.name!r} ({job_id}) is dead after {found.attempts} of {found.max_attempts} runs: "
                 f"{found.error}",
                 found,
             )
-        remaining = None if deadline is None else deadline - time.monotonic()
         if remaining is not None and remaining <= 0:
             raise TimeoutError(f"job {found.name!r} ({job_id}) has not finished after {timeout}s: it is {found.state}")
         wait(pause if remaining is None else min(pause, remaining))

@@ -67,6 +67,11 @@ class TimerHeap(Generic[T]):
         with self._cond:
             return self._heap[0][0] if self._heap else None
 
+    def due_of(self, item: T) -> float | None:
+        """When ``item`` is due, if it waits here (one pass over the heap, no sort)."""
+        with self._cond:
+            return next((due for due, _, waiting in self._heap if waiting is item), None)
+
     def entries(self) -> list[tuple[float, T]]:
         """``(due, item)`` for every waiting item, earliest first."""
         with self._cond:

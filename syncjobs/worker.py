@@ -30,7 +30,7 @@ from .payload import dead_letter_from_text, decode, encode_result
 from .protocols import Store
 from .registry import Registry
 from .retry import retry_backoff
-from .status import DEFAULT_KEEP_RESULT
+from .status import DEFAULT_KEEP_RESULT, Progress
 from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
@@ -52,6 +52,7 @@ class Outcome(enum.Enum):
     RETRY = "retry"
     DEAD = "dead"
     ABORTED = "aborted"
+    CANCELLED = "cancelled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,13 +81,30 @@ RunWrapper = Callable[[], AbstractContextManager[object]]
 class _Run:
     """One run in progress; ``abandoned`` once shutdown or its timeout has taken its outcome away."""
 
-    __slots__ = ("_deciders", "abandoned", "context", "envelope", "generation", "info", "job", "started", "timeout")
+    __slots__ = (
+        "_deciders",
+        "abandoned",
+        "cancelled_by_user",
+        "context",
+        "envelope",
+        "generation",
+        "info",
+        "job",
+        "started",
+        "store",
+        "timeout",
+    )
 
-    def __init__(self, envelope: Envelope, generation: _Generation) -> None:
+    def __init__(self, envelope: Envelope, generation: _Generation, store: Store) -> None:
         self.generation = generation
         self.started = time.perf_counter()
         self.envelope = envelope
-        self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts)
+        self.store = store
+        self.info = RunInfo(
+            envelope.id, envelope.name, envelope.attempt, envelope.max_attempts, report=self._publish_progress
+        )
+        #: cancel() asked for this job: the run ends cancelled, whatever it does.
+        self.cancelled_by_user = False
         # A fresh copy per run: one Context cannot be entered by two threads
         # at once, and what the job sets must not leak into its next run.
         self.context = envelope.context.copy()
@@ -95,6 +113,14 @@ class _Run:
         #: The job being run, once rebuilt from its payload; its timeout, once it has one.
         self.job: Job | None = None
         self.timeout: float | None = None
+
+    def _publish_progress(self, progress: Progress) -> None:
+        self.store.progress(self.envelope, progress.to_json())
+
+    def progress_json(self) -> str | None:
+        """What the run last reported, as JSON, for the job's record when it ends."""
+        progress = self.info.latest_progress
+        return None if progress is None else progress.to_json()
 
     def decide(self, by: object) -> bool:
         """Whether ``by`` is the first to decide if this run begins: the worker, or shutdown before it.
@@ -107,16 +133,16 @@ class _Run:
 
 
 class _Ended(NamedTuple):
-    """How a run ended: its outcome, the error, the job it ran, what it raised, what it returned (JSON)."""
+    """How a run ended: its outcome, the error, the job it ran, what it raised, what it returned."""
 
     outcome: Outcome
     error: str
     job: Job | None = None
     exc: BaseException | None = None
-    result: str | None = None
+    result: object = None
 
 
-def _done(job: Job, result: str | None) -> _Ended:
+def _done(job: Job, result: object) -> _Ended:
     # tuple.__new__ straight from C: a NamedTuple's own __new__ is Python,
     # and a no-op run pays for every step of its way through the loop.
     return tuple.__new__(_Ended, (Outcome.DONE, "", job, None, result))
@@ -190,6 +216,8 @@ class WorkerPool:
         # shutdown pops it from _running (dict.pop is atomic).
         self._lock = threading.Lock()
         self._running: dict[_Run, None] = {}
+        #: Ids cancel() asked for whose runs were not found running here (yet): see cancel_run().
+        self._cancel_ids: set[str] = set()
         self._generation: _Generation | None = None
         self._observers: list[RunObserver] = []
         self._wrappers: list[RunWrapper] = []
@@ -312,9 +340,16 @@ class WorkerPool:
         concurrent.futures.wait(idle, timeout=_IDLE_EXIT_BOUND)
         try:
             for run in unbegun:
-                self._store.release(run.envelope)
+                if run.cancelled_by_user:
+                    self._cancel(run, ran=False)
+                else:
+                    self._store.release(run.envelope)
             for run in stranded:
                 run.info.cancel()
+                if run.cancelled_by_user:
+                    self._cancel(run, ran=True)
+                    self._report(run, Outcome.CANCELLED)
+                    continue
                 envelope = run.envelope
                 logger.warning(
                     "job %s (%s) still running after the shutdown grace of %.1fs: cancelled and handed back",
@@ -382,7 +417,7 @@ class WorkerPool:
             envelope = store.claim(stopping)
             if envelope is None:
                 continue
-            run = _Run(envelope, generation)
+            run = _Run(envelope, generation, store)
             slot.run = run
             if not self._admit(run, stopping):
                 slot.run = None
@@ -406,6 +441,9 @@ class WorkerPool:
         where both do, ``decide()`` settles which hands the job back.
         """
         self._running[run] = None
+        # After publishing the run, as cancel_run() adds the id before it looks: one of them sees the other.
+        if self._cancel_ids and run.envelope.id in self._cancel_ids:
+            run.cancelled_by_user = True
         limit = self._limit
         # Separate lines, so that a test can stop a worker between the read and the decision.
         if not stopping.is_set():
@@ -425,6 +463,8 @@ class WorkerPool:
     def _execute(self, run: _Run) -> _Ended:
         """How the run ended."""
         envelope = run.envelope
+        if run.cancelled_by_user:  # cancelled before it began: it does not run
+            return tuple.__new__(_Ended, (Outcome.CANCELLED, "cancelled", None, None, None))
         job_cls = self._registry.get(envelope.name)
         if job_cls is None:
             return _Ended(Outcome.DEAD, f"cannot be run: no job class is registered as {envelope.name!r}")
@@ -449,13 +489,7 @@ class WorkerPool:
         except BaseException as exc:  # noqa: BLE001 - any failure of user code is a failed run; the worker survives
             # The traceback goes to the log; the dead letter keeps the one-line reason.
             return _Ended(Outcome.RETRY, f"job raised {_describe(exc)}", job, exc)
-        if value is None:
-            return _done(job, None)
-        try:
-            return _done(job, encode_result(value))
-        except QueueError as exc:
-            # Running it again would return the same: dead at once, its run spent.
-            return _Ended(Outcome.DEAD, exc.message, job)
+        return _done(job, value)
 
     def _watch(self, run: _Run, timeout: float) -> None:
         """Time ``run`` out ``timeout`` seconds from now."""
@@ -529,6 +563,10 @@ class WorkerPool:
         return True
 
     def _fail_timed_out(self, run: _Run) -> None:
+        if run.cancelled_by_user:
+            self._cancel(run, ran=True)
+            self._report(run, Outcome.CANCELLED)
+            return
         error = f"timed out after {run.timeout:g}s"
         # The job's thread may still be inside the run's context, which no
         # other thread can enter: retry_wait() gets a copy of the dispatcher's.
@@ -544,10 +582,18 @@ class WorkerPool:
                 "late finish of abandoned job %s (%s) ignored", envelope.name, envelope.id, extra=_extra(envelope)
             )
             return False
+        if self._cancel_ids:
+            self._cancel_ids.discard(envelope.id)
+        if run.cancelled_by_user:
+            self._cancel(run, ran=job is not None)
+            self._report(run, Outcome.CANCELLED)
+            return True
         retry_in = None
         if outcome is Outcome.DONE:
             keep = None if job is None else job.KEEP_RESULT
-            self._store.complete(envelope, ended.result, self.keep_result if keep is None else keep)
+            keep = float(self.keep_result if keep is None else keep)
+            result = None if keep <= 0 or ended.result is None else self._kept_result(envelope, ended.result)
+            self._store.complete(envelope, result, keep, run.progress_json())
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("job %s (%s) done", envelope.name, envelope.id, extra=_extra(envelope))
         elif outcome is Outcome.ABORTED:
@@ -597,6 +643,45 @@ class WorkerPool:
         )
         self._store.park(envelope, self._clock() + wait)
         return wait
+
+    def _kept_result(self, envelope: Envelope, value: object) -> str | None:
+        """What the run returned, as JSON to keep; None (and a WARNING) if it cannot be kept.
+
+        Not a failure: the job's work is done, and running it again would
+        return the same.
+        """
+        try:
+            return encode_result(value)
+        except QueueError as exc:
+            logger.warning(
+                "job %s (%s) is done, but its result is not kept: it %s",
+                envelope.name,
+                envelope.id,
+                exc.message,
+                extra=_extra(envelope),
+            )
+            return None
+
+    def cancel_run(self, job_id: str) -> None:
+        """cancel() asked for ``job_id``: a run of it here gets its token set and will end cancelled.
+
+        Not found running here, it is remembered: a run of it that begins
+        here later (a row claimed ahead, say) ends cancelled without running.
+        """
+        # The id first, then the look: _admit() publishes the run, then looks at the ids.
+        self._cancel_ids.add(job_id)
+        for run in list(self._running):
+            if run.envelope.id == job_id:
+                run.cancelled_by_user = True
+                run.info.cancel()
+
+    def _cancel(self, run: _Run, *, ran: bool) -> None:
+        """End a cancelled job: not retried, not a dead letter; a run that began is spent."""
+        envelope = run.envelope
+        if ran:
+            envelope.attempt += 1
+        self._store.cancelled(envelope, run.progress_json())
+        logger.info("job %s (%s) cancelled", envelope.name, envelope.id, extra=_extra(envelope))
 
     def _hand_back(self, envelope: Envelope, why: str) -> Outcome:
         """A run that did not finish: its attempt is spent, and it runs again unless that was the last."""

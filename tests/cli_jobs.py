@@ -64,8 +64,9 @@ _tasks = syncjobs.InMemoryJobQueue(workers=0)
 
 
 @_tasks.task(name="cli.shout", max_attempts=1)
-def shout(text: str, *, times: int = 1) -> None:
+def shout(text: str, *, times: int = 1) -> str:
     if not text:
         raise ValueError("nothing to shout")
     sys.stdout.write(f"shout {text * times} pid {os.getpid()}\n")
     sys.stdout.flush()
+    return text * times

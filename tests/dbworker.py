@@ -250,6 +250,21 @@ class SumJob(syncjobs.Job):
         return {"sum": sum(self.numbers)}
 
 
+@dataclasses.dataclass
+class WaitJob(syncjobs.Job):
+    """Waits up to ``seconds`` for its cancel token, reporting progress; stops early (Cancelled) once it is set."""
+
+    NAME = "tests.wait"
+    seconds: float = 60.0
+
+    def run(self) -> None:
+        info = syncjobs.current_job()
+        assert info is not None
+        info.progress(1, 2, "waiting")
+        if info.cancelled.wait(self.seconds):
+            raise syncjobs.Cancelled()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("url")
@@ -279,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     queue.register(OnceLedgerJob)
     queue.register(KillerJob)
     queue.register(SumJob)
+    queue.register(WaitJob)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     queue.start()

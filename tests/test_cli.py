@@ -158,7 +158,39 @@ def test_a_worker_runs_the_function_tasks_of_the_modules_it_imports(db_url: str,
     assert re.search(r"^shout heyhey pid \d+$", out, re.MULTILINE), out
     assert re.search(rf"job cli\.shout \({loud}\) run 1 of 1 in [\d.]+ms: done", err), err
     assert re.search(rf"job cli\.shout \({empty}\) run 1 of 1 in [\d.]+ms: dead: job raised ValueError", err), err
+    # Its result, read by another process.
+    code, out, err = run("show", loud, "--url", db_url, "--table", table)
+    assert code == 0, err
+    assert "state:        done" in out
+    assert 'result:       "heyhey"' in out
+    code, out, err = run("show", empty, "--url", db_url, "--table", table, "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert (shown["state"], shown["attempts"], shown["error"]) == ("dead", 1, "job raised ValueError: nothing to shout")
     assert rows(db_url, table) == [("cli.shout", "dead", 1)]
+
+
+def test_show_and_cancel_a_waiting_and_a_running_job(db_url: str, table: str) -> None:
+    ids = seed(db_url, table)
+    base = ("--url", db_url, "--table", table)
+    code, out, err = run("show", ids["later"], *base)
+    assert code == 0, err
+    assert "state:        retrying" in out
+    assert "attempts:     1" in out
+    assert "due:" in out
+    code, out, _ = run("cancel", ids["later"], ids["running"], "no-such-id", *base)
+    assert code == 1
+    assert out.splitlines() == [
+        f"{ids['later']}: cancelled",
+        f"{ids['running']}: running; its worker cancels it at its next heartbeat",
+        "no-such-id: no such unfinished job",
+    ]
+    code, out, _ = run("show", ids["later"], *base, "--json")
+    assert json.loads(out)["state"] == "cancelled"
+    assert execute(db_url, f"SELECT cancel_requested FROM {table} WHERE id = '{ids['running']}'") == [(1,)]
+    code, out, err = run("show", "no-such-id", *base)
+    assert code == 1
+    assert "no job with id 'no-such-id'" in err
 
 
 def test_timeout_fails_a_run_that_takes_too_long_and_the_worker_exits_without_its_thread(

@@ -603,5 +603,5 @@ def test_a_55_character_table_name_dispatches_and_is_picked_up(
     finally:
         for queue in queues:
             queue.shutdown(grace=0)
-        for suffix in ("", "_schema", "_workers", "_done"):
+        for suffix in ("", "_schema", "_workers", "_done", "_finished", "_results"):
             query(server_url, f"DROP TABLE IF EXISTS {table}{suffix}")

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import datetime
 import json
+import threading
 import time
 import uuid
 from typing import Any, ClassVar
@@ -46,7 +47,14 @@ class ReturnsJob(syncjobs.Job):
     kind: str
 
     def run(self) -> Any:
-        return {"set": {1, 2}, "tuple": (1, 2), "none": None}[self.kind]
+        return {"set": {1, 2}, "tuple": (1, 2), "none": None, "broken": Unlistable(a=1)}[self.kind]
+
+
+class Unlistable(dict):  # type: ignore[type-arg]
+    """A dict whose items cannot be read: what json.dumps raises then is not a TypeError."""
+
+    def items(self) -> Any:
+        raise KeyError("gone")
 
 
 def queue_with(make_queue: QueueFactory, **options: Any) -> Any:
@@ -167,18 +175,31 @@ def test_the_result_of_a_timed_out_job_says_it_timed_out(make_queue: QueueFactor
         probe.release.set()
 
 
-def test_a_result_that_is_not_json_makes_a_dead_letter_saying_so(make_queue: QueueFactory) -> None:
+def test_a_result_that_cannot_be_kept_leaves_the_job_done_and_says_why(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = queue_with(make_queue)
     letters: list[syncjobs.DeadLetter] = []
     queue.on_dead_letter(letters.append)
     with queue:
         bad = queue.dispatch(ReturnsJob("set"))
-        with pytest.raises(JobFailed, match=r"returned a value that is not JSON: Object of type set"):
-            bad.result(WAIT)
-        # A tuple comes back a list: the work is done, and refusing it would fail the job.
+        # Its work is done, and a rerun would return the same: done, with no result.
+        assert bad.result(WAIT) is None
+        broken = queue.dispatch(ReturnsJob("broken"))  # json.dumps calls the value's own, failing, code
+        assert broken.result(WAIT) is None
+        # A tuple comes back a list.
         assert queue.dispatch(ReturnsJob("tuple")).result(WAIT) == [1, 2]
         assert queue.dispatch(ReturnsJob("none")).result(WAIT) is None
-    assert [(letter.job_id, letter.attempts) for letter in letters] == [(bad, 1)]
+        assert queue.join(WAIT)
+    assert (bad.status().state, broken.status().state) == ("done", "done")  # type: ignore[union-attr]
+    assert letters == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(
+        f"job tests.returns ({bad}) is done, but its result is not kept: it returned a value that is not JSON: "
+        "TypeError: Object of type set is not JSON serializable" in message
+        for message in warnings
+    ), warnings
+    assert any(f"({broken}) is done, but its result is not kept" in message for message in warnings), warnings
 
 
 def test_an_unknown_job_has_no_status_and_its_result_says_so(make_queue: QueueFactory) -> None:
@@ -211,10 +232,26 @@ def test_a_jobs_own_keep_result_beats_the_queues(make_queue: QueueFactory) -> No
         NAME = "tests.sum_kept"
         KEEP_RESULT = 600
 
+    class KeptAlso(SumJob):
+        NAME = "tests.sum_kept_also"
+        KEEP_RESULT = 600.5
+
     queue.register(Kept)
+    queue.register(KeptAlso)
+    assert Kept.KEEP_RESULT == 600.0
+    assert isinstance(Kept.KEEP_RESULT, float)
+    # Dispatched before start: claimed and completed together, one batch with an
+    # int-born and a float keep, and one kept not at all.
+    kept = [queue.dispatch(job) for job in (Kept([4]), KeptAlso([5]), SumJob([6]), Kept([7]))]
     with queue:
-        handle = queue.dispatch(Kept([4]))
-        assert handle.result(WAIT) == {"sum": 4}
+        assert [handle.result(WAIT) if i != 2 else None for i, handle in enumerate(kept)] == [
+            {"sum": 4},
+            {"sum": 5},
+            None,
+            {"sum": 7},
+        ]
+        assert queue.join(WAIT)
+    assert kept[2].status() is None
 
 
 def test_a_done_jobs_record_goes_once_its_keep_result_has_passed(backend: Backend) -> None:
@@ -232,10 +269,38 @@ def test_a_done_jobs_record_goes_once_its_keep_result_has_passed(backend: Backen
         assert first.status() is None
         with pytest.raises(JobNotFound):
             first.result(0)
+        assert queue.kept_records() == 1  # expired, not yet pruned
         # A later finish prunes it; the later job's record stays.
         second = queue.dispatch(SumJob([2]))
         assert second.result(WAIT) == {"sum": 2}
         assert first.status() is None
+        assert queue.kept_records() == 1
+
+
+def test_memory_keeps_at_most_max_records_the_soonest_to_expire_going_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(syncjobs.memory, "MAX_RECORDS", 3)
+    queue = syncjobs.InMemoryJobQueue(workers=1, keep_result=600)
+    queue.register(SumJob)
+    with queue:
+        handles = [queue.dispatch(SumJob([n])) for n in range(6)]
+        assert handles[-1].result(WAIT) == {"sum": 5}
+        assert queue.join(WAIT)
+    assert queue.kept_records() == 3
+    assert [handle.status() is not None for handle in handles] == [False, False, False, True, True, True]
+
+
+def test_result_waits_for_a_job_whose_dispatch_is_not_committed_yet(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue)
+    prepared = queue.prepare(SumJob([8, 9]))
+    handle = queue.handle(prepared.id)
+    assert handle.status() is None
+    with queue:
+        submit = threading.Thread(target=prepared.submit)
+        submit.start()
+        assert handle.result(WAIT) == {"sum": 17}
+        submit.join(WAIT)
 
 
 @pytest.mark.parametrize("bad", [-1, float("inf"), "10", True])

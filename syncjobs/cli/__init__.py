@@ -81,6 +81,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stats.set_defaults(handler=inspect.stats)
 
+    show = commands.add_parser(
+        "show",
+        parents=[_target(), _logging()],
+        help="one job's whole record: state, runs, times, progress, error, result",
+        description="Print one job's record, from any queue of the table: its state (queued, scheduled, "
+        "running, retrying, done, dead, cancelled), runs spent, when it was created, started and "
+        "finished, its progress, and its error or result. Exits 1 if there is no record of it.",
+    )
+    show.add_argument("id", help="the job id")
+    show.add_argument("--json", action="store_true", help="one JSON object, for machines")
+    show.set_defaults(handler=inspect.show)
+
+    cancel = commands.add_parser(
+        "cancel",
+        parents=[_target(), _logging()],
+        help="cancel jobs: a waiting one never runs, a running one is asked to stop",
+        description="Cancel jobs by id. A queued, delayed or retrying job is cancelled at once and never "
+        "runs. A running one has its cancel token set by its worker's next heartbeat, and ends "
+        "cancelled when its run returns (it is not retried). Exits 1 if any id names no unfinished job.",
+    )
+    cancel.add_argument("ids", nargs="+", metavar="ID", help="job ids to cancel")
+    cancel.set_defaults(handler=inspect.cancel)
+
     dead = commands.add_parser(
         "dead",
         help="list, show, retry and purge dead letters",

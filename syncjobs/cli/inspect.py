@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 import time
@@ -10,6 +11,7 @@ from typing import TextIO
 
 from ..database.admin import DeadRow, Stats, TableAdmin
 from ..errors import QueueError
+from ..status import JobStatus, Progress
 from .table import human_seconds, parse_duration, render
 from .target import DEFAULT_TABLE, CommandError, check_reachable, database_url, load_app
 
@@ -121,6 +123,81 @@ def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str 
             for w in snapshot.workers
         ]
         out.write(render(("HOST", "PID", "QUEUE", "THREADS", "UP", "HEARTBEAT"), workers, numeric=(1, 3)))
+
+
+# -- one job ---------------------------------------------------------------------------
+
+
+def show(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    admin = open_admin(args)
+    try:
+        status = admin.status(args.id)
+    finally:
+        admin.close()
+    if status is None:
+        raise CommandError(
+            f"no job with id {args.id!r} (never dispatched, or finished longer than its keep_result ago)"
+        )
+    fields = _status_fields(status)
+    if args.json:
+        out.write(json.dumps(fields) + "\n")
+        return 0
+    for key, value in fields.items():
+        if value is None or key == "result":
+            continue
+        out.write(f"{key + ':':14}{value}\n")
+    if status.state == "done":
+        out.write(f"{'result:':14}{json.dumps(status.result)}\n")
+    return 0
+
+
+def _status_fields(status: JobStatus) -> dict[str, object]:
+    progress = status.progress
+    return {
+        "id": status.id,
+        "name": status.name,
+        "state": status.state,
+        "attempts": status.attempts,
+        "max_attempts": status.max_attempts,
+        "created": _iso(status.created_at),
+        "started": _iso(status.started_at),
+        "finished": _iso(status.finished_at),
+        "due": _iso(status.run_at),
+        "progress": None if progress is None else _progress_text(progress),
+        "error": status.error,
+        "result": status.result,
+    }
+
+
+def _progress_text(progress: Progress) -> str:
+    done = f"{progress.done:g}" + ("" if progress.total is None else f" of {progress.total:g}")
+    fraction = progress.fraction
+    shown = done if fraction is None else f"{done} ({fraction:.0%})"
+    return f"{shown} {progress.note}".rstrip()
+
+
+def _iso(moment: datetime.datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat(timespec="milliseconds")
+
+
+def cancel(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    admin = open_admin(args)
+    missing = 0
+    try:
+        for job_id in args.ids:
+            found = admin.cancel(job_id)
+            if found == "ended":
+                out.write(f"{job_id}: cancelled\n")
+            elif found == "requested":
+                out.write(f"{job_id}: running; its worker cancels it at its next heartbeat\n")
+            else:
+                missing += 1
+                out.write(f"{job_id}: no such unfinished job\n")
+    finally:
+        admin.close()
+    return 1 if missing else 0
 
 
 # -- dead letters ----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from ..envelope import DeadLetter
 from ..errors import QueueError
 from ..payload import dead_letter_from_text
+from ..status import JobStatus, Progress, State, decode_result, utc
 from . import queries
 from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
@@ -169,6 +170,27 @@ class TableAdmin:
             self._db.transaction(install, timeout=self.timeout)
         return found
 
+    # -- one job -------------------------------------------------------------------
+
+    def status(self, job_id: str) -> JobStatus | None:
+        """The job's record (any queue's), or None: unknown, or finished more than its keep_result ago."""
+        rows = self._run(self._sql(queries.STATUS), (job_id, job_id))
+        return status_from_row(job_id, rows[0]) if rows else None
+
+    def cancel(self, job_id: str) -> str | None:
+        """Cancel the job: ``"ended"`` if it waited (it is cancelled now), ``"requested"`` if a worker holds it.
+
+        A worker's heartbeat sees the request and cancels its run. None when
+        there is no such unfinished job. Waiting, then running: a
+        job that moved between the two updates is looked at once more.
+        """
+        for _ in range(2):
+            if self._run(self._sql(queries.CANCEL_WAITING), (job_id,), rows=False):
+                return "ended"
+            if self._run(self._sql(queries.CANCEL_RUNNING), (job_id,), rows=False):
+                return "requested"
+        return None
+
     # -- stats -------------------------------------------------------------------
 
     def stats(self) -> Stats:
@@ -221,6 +243,34 @@ class TableAdmin:
         sql = self._sql(queries.PURGE_DEAD, queue)
         count: int = self._run(sql, _with_queue((float(older_than),), queue), rows=False)
         return count
+
+
+def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
+    """A :data:`~queries.STATUS` row as a JobStatus."""
+    name, row_state, attempt, max_attempts, error, result, created, started, finished, run_at, progress, now = row
+    state: State
+    if row_state in ("dead", "done", "cancelled", "running"):
+        state = row_state
+    elif attempt:
+        state = "retrying"
+    else:
+        # 'claimed': in a worker's buffer, about to run.
+        state = "scheduled" if row_state == "queued" and run_at is not None and run_at > now else "queued"
+    waiting = state in ("queued", "scheduled", "retrying")
+    return JobStatus(
+        job_id,
+        name,
+        state,
+        int(attempt),
+        int(max_attempts),
+        error=error,
+        result=decode_result(result),
+        created_at=utc(created),
+        started_at=utc(started) if state != "queued" else None,
+        finished_at=utc(finished),
+        run_at=utc(run_at) if waiting else None,
+        progress=Progress.from_json(progress),
+    )
 
 
 def _with_queue(params: tuple[Any, ...], queue: str | None) -> tuple[Any, ...]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -378,6 +379,49 @@ class OutcomeWriter:
         taken = [item.envelope for item in items if item.taken]
         if taken:
             self._settled(taken)
+
+
+class ProgressWriter:
+    """Writes what runs report with ``progress()``: each job's latest, at most once every ``every`` seconds.
+
+    Best effort, on its own thread: a write that fails is dropped (the next
+    report, or the job's end, writes it again), and no lease depends on it.
+    """
+
+    def __init__(self, db: Database, sql: str, every: float = 1.0) -> None:
+        self._db = db
+        self._sql = sql
+        self._every = every
+        self._lock = threading.Lock()
+        self._pending: dict[str, tuple[str, str | None]] = {}
+        self._wake = threading.Event()
+
+    def put(self, job_id: str, lease: str | None, progress: str) -> None:
+        with self._lock:
+            self._pending[job_id] = (progress, lease)
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def loop(self, stopping: threading.Event) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if stopping.is_set():
+                return
+            with self._lock:
+                batch, self._pending = self._pending, {}
+            if batch:
+                try:
+                    self._db.run(functools.partial(self._write, batch=batch), deadline=self._every * 5)
+                except Exception:
+                    logger.debug("could not write the progress of %d job(s)", len(batch), exc_info=True)
+            stopping.wait(self._every)
+
+    def _write(self, cursor: Any, *, batch: dict[str, tuple[str, str | None]]) -> None:
+        for job_id, (progress, lease) in batch.items():
+            cursor.execute(self._sql, (progress, job_id, lease))
 
 
 class Listener:

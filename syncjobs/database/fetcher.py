@@ -198,6 +198,8 @@ class Fetcher:
         self.prefetch = prefetch
         self._carry = carry
         self._on_dead = on_dead
+        #: Seconds a cancelled job stays in the table before housekeeping deletes it (the queue's keep_result).
+        self.keep_cancelled = 600.0
         #: Called with each claimed batch before a worker can take it: its lease is renewed from then on.
         self._hold = hold
         self._ready: stdqueue.SimpleQueue[ClaimedEnvelope | _Wake] = stdqueue.SimpleQueue()
@@ -502,6 +504,7 @@ class Fetcher:
             cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - 3600))
             cursor.execute(self._sql["FINISHED_PRUNE"], (3600.0,))
             cursor.execute(self._sql["RESULTS_PRUNE"])
+            cursor.execute(self._sql["CANCELLED_PRUNE"], (self.keep_cancelled,))
 
         def recover(cursor: Any) -> list[tuple[ClaimedEnvelope, str | None]]:
             cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))

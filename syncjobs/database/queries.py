@@ -57,7 +57,7 @@ SELECT_READY = (
 # The ids of one claim batch are bound one placeholder each: {ids} becomes "?, ?, ?".
 MARK_CLAIMED = (
     "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, "
-    "lease_expires = {now} + ?, started_at = {now} WHERE id IN ({ids})"
+    "lease_expires = {now} + ?, started_at = {now}, progress = NULL WHERE id IN ({ids})"
 )
 
 # One round trip where the database has UPDATE … RETURNING (PostgreSQL,
@@ -65,7 +65,7 @@ MARK_CLAIMED = (
 # keep two claimers off the same rows; SQLite takes its write lock anyway.
 CLAIM_RETURNING = (
     "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ?, "
-    "started_at = {now} "
+    "started_at = {now}, progress = NULL "
     "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at >= ? "
     "AND run_at <= {now_once} ORDER BY run_at LIMIT ?{lock}) "
     f"RETURNING {COLUMNS}, run_at"
@@ -75,12 +75,15 @@ CLAIM_RETURNING = (
 # Rows the completer is deleting (locked) are skipped: their runs are over,
 # and waiting for them would only put the two in each other's way.
 MARK_AND_CLAIM = (
-    "WITH started AS (UPDATE {table} SET state = 'running' WHERE id IN (SELECT id FROM {table} "
+    "WITH started AS (UPDATE {table} SET state = 'running', started_at = {now} WHERE id IN (SELECT id FROM {table} "
     "WHERE id = ANY(?) AND lease_token = ANY(?) AND state = 'claimed' FOR UPDATE SKIP LOCKED)) " + CLAIM_RETURNING
 )
 
 # The claim token fences it: a row given up meanwhile is not marked.
-MARK_STARTED = "UPDATE {table} SET state = 'running' WHERE lease_token = ? AND state = 'claimed' AND id IN ({ids})"
+MARK_STARTED = (
+    "UPDATE {table} SET state = 'running', started_at = {now} "
+    "WHERE lease_token = ? AND state = 'claimed' AND id IN ({ids})"
+)
 # MySQL: the rows to mark, locked first, skipping those the completer is deleting.
 MARK_SELECT = (
     "SELECT id FROM {table} WHERE lease_token = ? AND state = 'claimed' AND id IN ({ids}) FOR UPDATE SKIP LOCKED"
@@ -167,38 +170,58 @@ WORKER_DOWN = "DELETE FROM {table}_workers WHERE id = ?"
 WORKERS_PRUNE = "DELETE FROM {table}_workers WHERE heartbeat_at < {now_once} - lease"
 
 # Done jobs' records, for status(): written with their deletes, pruned once expired.
-RESULT_COLUMNS = "id, queue, name, attempts, max_attempts, result, created_at, started_at, finished_at, expires_at"
-# Elsewhere, before the delete and fenced like it: {results} and {keeps} are
-# CASE id WHEN ? THEN ? … END over the batch's ids, {ids} their placeholders.
+RESULT_COLUMNS = (
+    "id, queue, name, state, attempts, max_attempts, result, progress, created_at, started_at, finished_at, expires_at"
+)
+# Elsewhere, before the delete and fenced like it: {results}, {progress} and
+# {keeps} are CASE id WHEN ? THEN ? … END over the batch's ids, {ids} their placeholders.
 KEEP_RESULTS = (
     "INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
-    "SELECT id, queue, name, attempt + 1, max_attempts, {results}, created_at, started_at, {now}, {now} + {keeps} "
-    "FROM {table} WHERE lease_token = ? AND id IN ({ids})"
+    "SELECT id, queue, name, 'done', attempt + 1, max_attempts, {results}, COALESCE({progress}, progress), "
+    "created_at, started_at, {now}, {now} + {keeps} FROM {table} WHERE lease_token = ? AND id IN ({ids})"
 )
 RESULTS_PRUNE = "DELETE FROM {table}_results WHERE expires_at < {now_once}"
 
 # One job's record, wherever it is: a row of the jobs table (unfinished, or
 # dead), else a kept result that has not expired.
 STATUS = (
-    "SELECT name, state, attempt, max_attempts, error, NULL, created_at, started_at, finished_at, run_at, {now} "
-    "FROM {table} WHERE id = ? UNION ALL "
-    "SELECT name, 'done', attempts, max_attempts, NULL, result, created_at, started_at, finished_at, NULL, {now} "
-    "FROM {table}_results WHERE id = ? AND expires_at >= {now}"
+    "SELECT name, state, attempt, max_attempts, error, NULL, created_at, started_at, finished_at, run_at, progress, "
+    "{now} FROM {table} WHERE id = ? UNION ALL "
+    "SELECT name, state, attempts, max_attempts, NULL, result, created_at, started_at, finished_at, NULL, progress, "
+    "{now} FROM {table}_results WHERE id = ? AND expires_at >= {now}"
 )
+
+# cancel(): a waiting job ends at once (a claim takes only 'queued' rows);
+# one a worker holds is flagged, for that worker's heartbeat to see. The
+# flag counts up, so that MySQL (which counts changed rows) says it matched.
+CANCEL_WAITING = "UPDATE {table} SET state = 'cancelled', finished_at = {now} WHERE id = ? AND state = 'queued'"
+CANCEL_RUNNING = (
+    f"UPDATE {{table}} SET cancel_requested = COALESCE(cancel_requested, 0) + 1 WHERE id = ? AND state IN {LEASED}"
+)
+CANCEL_REQUESTS = f"SELECT id FROM {{table}} WHERE lease_owner = ? AND cancel_requested > 0 AND state IN {LEASED}"
+# A cancelled run has ended: fenced like DEAD.
+CANCELLED = (
+    "UPDATE {table} SET state = 'cancelled', attempt = ?, progress = COALESCE(?, progress), finished_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
+)
+# Cancelled jobs stay in the jobs table (as dead letters do) until pruned.
+CANCELLED_PRUNE = "DELETE FROM {table} WHERE state = 'cancelled' AND finished_at < {now_once} - ?"
+PROGRESS = "UPDATE {table} SET progress = ? WHERE id = ? AND lease_token = ?"
 
 # Added to by the completer in the transaction that deletes the finished rows.
 # PostgreSQL: COMPLETE_MANY, FINISHED_INTO and COUNT_DONE in one statement,
 # each row fenced on its own lease token (ids and tokens as two arrays).
 COMPLETE_RECORD_COUNT = (
     "WITH gone AS (DELETE FROM {table} AS j "
-    "USING unnest(?::text[], ?::text[], ?::text[], ?::float8[]) AS t(id, token, result, keep) "
+    "USING unnest(?::text[], ?::text[], ?::text[], ?::float8[], ?::text[]) AS t(id, token, result, keep, progress) "
     "WHERE j.id = t.id AND j.lease_token = t.token "
-    "RETURNING j.id, j.queue, j.name, j.attempt, j.max_attempts, j.created_at, j.started_at, t.result, t.keep), "
+    "RETURNING j.id, j.queue, j.name, j.attempt, j.max_attempts, j.created_at, j.started_at, t.result, t.keep, "
+    "COALESCE(t.progress, j.progress) AS progress), "
     "recorded AS (INSERT INTO {table}_finished (id, finished_at) SELECT id, {now} FROM gone "
     "ON CONFLICT (id) DO NOTHING), "
     "kept AS (INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
-    "SELECT id, queue, name, attempt + 1, max_attempts, result, created_at, started_at, {now}, {now} + keep "
-    "FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
+    "SELECT id, queue, name, 'done', attempt + 1, max_attempts, result, progress, created_at, started_at, {now}, "
+    "{now} + keep FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
     "counted AS (INSERT INTO {table}_done (queue, bucket, done) SELECT ?, ?, COUNT(*) FROM gone "
     "HAVING COUNT(*) > 0 ON CONFLICT (queue, bucket) DO UPDATE SET done = {table}_done.done + excluded.done) "
     "SELECT COUNT(*) FROM gone"

@@ -16,7 +16,7 @@ from ..job import Job
 from ..payload import dead_letter_from_text
 from ..protocols import Delay
 from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, new_envelope
-from ..status import DEFAULT_KEEP_RESULT, JobHandle
+from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
 from ..urls import mask_url
 from .admin import TableAdmin
 from .dialects import Connector, check_connection, check_table
@@ -111,10 +111,10 @@ class DatabaseJobQueue(StoreQueue):
         )
         self._prefetch = self._db.prefetch
         self._db.on_expired_dead = self._expired_dead
+        self._db.on_cancel_requested = self._pool.cancel_run
+        self._db.keep_cancelled = self.keep_result
         #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
-        self.admin = TableAdmin(
-            self._db.connections, table=table, timeout=float(dispatch_timeout), on_requeue=self._db.wake_fetcher
-        )
+        self.admin: TableAdmin = self._db.admin
 
     def __repr__(self) -> str:
         return (
@@ -231,6 +231,14 @@ class DatabaseJobQueue(StoreQueue):
     def pending_count(self) -> int:
         self._ensure_schema()
         return super().pending_count()
+
+    def status(self, job_id: str) -> JobStatus | None:
+        self._ensure_schema()
+        return super().status(job_id)
+
+    def cancel(self, job_id: str) -> bool:
+        self._ensure_schema()
+        return super().cancel(job_id)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """This queue's dead letters, oldest first."""

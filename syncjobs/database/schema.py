@@ -12,13 +12,14 @@ from .dialects import MYSQL, POSTGRES, Dialect
 #: heartbeats) and ``<table>_done`` (jobs done per second, for ``stats``).
 #: 3: adds ``<table>_finished`` (tombstones of finished jobs, so that a
 #: dispatch retried after an ambiguous failure never runs a finished job again).
-#: 4: adds ``started_at`` to the jobs table and ``<table>_results`` (done jobs'
-#: records and results, kept ``keep_result`` seconds, for ``status()``).
+#: 4: adds ``started_at``, ``progress`` and ``cancel_requested`` to the jobs
+#: table, and ``<table>_results`` (done jobs' records and results, kept
+#: ``keep_result`` seconds, for ``status()``).
 SCHEMA_VERSION = 4
 
 #: Columns added to the jobs table after version 1: (name, type) by version.
 #: ``CREATE TABLE`` has them; :func:`add_columns` adds them to an older table.
-_ADDED_COLUMNS = [("started_at", "real")]
+_ADDED_COLUMNS = [("started_at", "real"), ("progress", "text"), ("cancel_requested", "INTEGER")]
 
 
 # PostgreSQL: every job leaves dead tuples (its claim's UPDATE and its
@@ -63,7 +64,9 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         error {text},
         created_at {real} NOT NULL,
         finished_at {real},
-        started_at {real}"""
+        started_at {real},
+        progress {text},
+        cancel_requested INTEGER"""
     engine = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" if dialect is MYSQL else ""
     finished_index = f",\n        INDEX {table}_finished_at (finished_at)" if dialect is MYSQL else ""
     expires_index = f",\n        INDEX {table}_results_expires (expires_at)" if dialect is MYSQL else ""
@@ -98,9 +101,11 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         id {key} NOT NULL PRIMARY KEY,
         queue VARCHAR(100) NOT NULL,
         name VARCHAR({MAX_NAME_LENGTH}) NOT NULL,
+        state VARCHAR(10) NOT NULL,
         attempts INTEGER NOT NULL,
         max_attempts INTEGER NOT NULL,
         result {text},
+        progress {text},
         created_at {real} NOT NULL,
         started_at {real},
         finished_at {real} NOT NULL,
@@ -125,11 +130,15 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
 def add_columns(dialect: Dialect, table: str, cursor: Any) -> None:
     """Add to an existing jobs table the columns later versions gave it; idempotent."""
     for column, kind in _ADDED_COLUMNS:
-        sql_type = dialect.real if kind == "real" else kind
+        sql_type = {"real": dialect.real, "text": "LONGTEXT" if dialect is MYSQL else "TEXT"}.get(kind, kind)
+        # Looked up first: ALTER TABLE locks the whole table, even when it has the column already.
         if dialect is POSTGRES:
-            cursor.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {sql_type}")
-            continue
-        if dialect is MYSQL:
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.columns "
+                "WHERE table_schema = current_schema() AND table_name = %s AND column_name = %s",
+                (table, column),
+            )
+        elif dialect is MYSQL:
             cursor.execute(
                 "SELECT COUNT(*) FROM information_schema.columns "
                 "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",

@@ -24,9 +24,10 @@ from urllib.parse import urlsplit
 
 from ..envelope import ClaimedEnvelope, Envelope
 from ..errors import QueueError
-from ..status import JobStatus, State, decode_result, utc
+from ..status import JobStatus
 from . import queries
-from .background import WRITE_COALESCE, Heartbeat, Leases, Listener, Loop, OutcomeWriter
+from .admin import TableAdmin
+from .background import WRITE_COALESCE, Heartbeat, Leases, Listener, Loop, OutcomeWriter, ProgressWriter
 from .connections import Connections, DatabaseUnavailable
 from .dialect import Dialect
 from .dialects import MYSQL, POSTGRES, SQLITE, Connector
@@ -108,6 +109,11 @@ class DatabaseStore:
         self._finished = threading.Condition()
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
         self.on_expired_dead: Callable[[ClaimedEnvelope, str], None] = lambda envelope, error: None
+        #: Called with the id of a row this process holds that cancel() flagged (by the heartbeat, each beat).
+        self.on_cancel_requested: Callable[[str], None] = lambda job_id: None
+        #: One job's record, cancel(), stats and dead letters, on this store's connections.
+        self.admin = TableAdmin(self.connections, table=table, timeout=dispatch_timeout, on_requeue=self.wake_fetcher)
+        self._progress = ProgressWriter(self, self._sql["PROGRESS"])
 
     def _dead_by_fetcher(self, envelope: ClaimedEnvelope, error: str) -> None:
         # Looked up at each call: the queue sets on_expired_dead after construction.
@@ -116,6 +122,15 @@ class DatabaseStore:
     def _hold(self, envelopes: Sequence[ClaimedEnvelope]) -> None:
         # Claimed rows are renewed until written back or given up; each open() has its own Leases.
         self._leases.hold(envelope.lease for envelope in envelopes)
+
+    @property
+    def keep_cancelled(self) -> float:
+        """Seconds a cancelled job's row is kept for status() (the queue's keep_result)."""
+        return self._fetcher.keep_cancelled
+
+    @keep_cancelled.setter
+    def keep_cancelled(self, value: float) -> None:
+        self._fetcher.keep_cancelled = value
 
     @property
     def prefetch(self) -> int:
@@ -225,12 +240,26 @@ class DatabaseStore:
     # written (or given up): until then the row is this worker's, and
     # drained() must not say the queue is empty.
 
-    def complete(self, envelope: Envelope, result: str | None, keep: float) -> None:
+    def complete(self, envelope: Envelope, result: str | None, keep: float, progress: str | None = None) -> None:
         # Deleted in batches: one commit for many jobs. A crash before the
         # flush means the job runs again, as at-least-once allows.
         claimed = _claimed(envelope)
-        claimed.result, claimed.keep = result, keep
+        claimed.result, claimed.keep, claimed.progress = result, keep, progress
         self._writer.complete(claimed)
+
+    def cancelled(self, envelope: Envelope, progress: str | None) -> None:
+        claimed = _claimed(envelope)
+        self._fenced("CANCELLED", (claimed.attempt, progress, claimed.id, claimed.lease), claimed)
+
+    def progress(self, envelope: Envelope, progress: str) -> None:
+        claimed = _claimed(envelope)
+        self._progress.put(claimed.id, claimed.lease, progress)
+
+    def status(self, job_id: str) -> JobStatus | None:
+        return self.admin.status(job_id)
+
+    def cancel(self, job_id: str) -> str | None:
+        return self.admin.cancel(job_id)
 
     def park(self, envelope: Envelope, due: float) -> None:
         delay = max(0.0, due - self._clock())
@@ -324,6 +353,8 @@ class DatabaseStore:
             self._writer_loop,
             Loop("syncjobs-heartbeat", self._relaxed(heartbeat.loop)),
         ]
+        if self.workers:
+            self._loops.append(Loop("syncjobs-progress", self._relaxed(self._progress.loop), self._progress.wake))
         self._listener = None
         if self.dialect is POSTGRES:
             self._listener = Listener(
@@ -433,9 +464,10 @@ class DatabaseStore:
             tokens = [envelope.lease for envelope in batch]
             results = [envelope.result for envelope in batch]
             keeps = [envelope.keep for envelope in batch]
+            progress = [envelope.progress for envelope in batch]
 
             def complete(cursor: Any) -> int:
-                params = (ids, tokens, results, keeps, self.queue, int(time.time()))
+                params = (ids, tokens, results, keeps, progress, self.queue, int(time.time()))
                 cursor.execute(self._sql["COMPLETE_RECORD_COUNT"], params)
                 row = cursor.fetchone()
                 return int(row[0]) if row else 0
@@ -467,27 +499,30 @@ class DatabaseStore:
 
     def _keep_results(self, cursor: Any, lease: str | None, envelopes: list[ClaimedEnvelope]) -> None:
         """Record the done jobs that keep a result, from their rows (fenced on ``lease``), before they go."""
-        kept = [envelope for envelope in envelopes if envelope.keep > 0]
-        if not kept:
-            return
+        group: list[ClaimedEnvelope] = []
+        size = 0
+        for envelope in envelopes:
+            if envelope.keep <= 0:
+                continue
+            length = len(envelope.result or "") + len(envelope.progress or "")
+            if group and (size + length > _KEEP_CHARS or len(group) >= _KEEP_ROWS):
+                self._keep_group(cursor, lease, group)
+                group, size = [], 0
+            group.append(envelope)
+            size += length
+        if group:
+            self._keep_group(cursor, lease, group)
+
+    def _keep_group(self, cursor: Any, lease: str | None, kept: list[ClaimedEnvelope]) -> None:
         mark = self.dialect.placeholder
         case = "CASE id" + f" WHEN {mark} THEN {mark}" * len(kept) + " END"
-        sql = self._sql["KEEP_RESULTS"].replace("{results}", case).replace("{keeps}", case)
-        sql = sql.replace("{ids}", ", ".join([mark] * len(kept)))
+        sql = self._sql["KEEP_RESULTS"].replace("{results}", case).replace("{progress}", case)
+        sql = sql.replace("{keeps}", case).replace("{ids}", ", ".join([mark] * len(kept)))
         params: list[Any] = []
-        for envelope in kept:
-            params += (envelope.id, envelope.result)
-        for envelope in kept:
-            params += (envelope.id, envelope.keep)
+        for field in ("result", "progress", "keep"):
+            for envelope in kept:
+                params += (envelope.id, getattr(envelope, field))
         cursor.execute(sql, (*params, lease, *(envelope.id for envelope in kept)))
-
-    def status(self, job_id: str) -> JobStatus | None:
-        def read(cursor: Any) -> Any:
-            cursor.execute(self._sql["STATUS"], (job_id, job_id))
-            return cursor.fetchone()
-
-        row = self.run(read, deadline=self.dispatch_timeout)
-        return None if row is None else status_from_row(job_id, row)
 
     def _renew(self, cursor: Any, tokens: list[str]) -> None:
         """Push back the leases of the rows this process holds, and only those."""
@@ -504,36 +539,17 @@ class DatabaseStore:
             cursor.execute(self._sql["WORKER_BEAT"], (self.owner,))
             if not cursor.rowcount:  # pruned while this process stalled: list it again
                 self._worker_up(cursor)
+            # What cancel() asked of the rows this process holds, from any process.
+            cursor.execute(self._sql["CANCEL_REQUESTS"], (self.owner,))
+            for (job_id,) in cursor.fetchall():
+                self.on_cancel_requested(str(job_id))
 
 
-def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
-    """A :data:`~queries.STATUS` row as a JobStatus."""
-    name, row_state, attempt, max_attempts, error, result, created, started, finished, run_at, now = row
-    state: State
-    if row_state == "dead":
-        state = "dead"
-    elif row_state == "done":
-        state = "done"
-    elif row_state == "running":
-        state = "running"
-    elif attempt:
-        state = "retrying"
-    else:
-        state = "scheduled" if row_state == "queued" and run_at is not None and run_at > now else "queued"
-    waiting = state in ("queued", "scheduled", "retrying")
-    return JobStatus(
-        job_id,
-        name,
-        state,
-        int(attempt),
-        int(max_attempts),
-        error=error,
-        result=decode_result(result),
-        created_at=utc(created),
-        started_at=utc(started) if state != "queued" else None,
-        finished_at=utc(finished),
-        run_at=utc(run_at) if waiting else None,
-    )
+#: One statement keeps at most this many results (7 parameters each: within
+#: SQLite's oldest limit of 999) and this many characters of them (within
+#: MySQL's default max_allowed_packet of 16 MB, whatever the encoding).
+_KEEP_ROWS = 100
+_KEEP_CHARS = 3_000_000
 
 
 def _claimed(envelope: Envelope) -> ClaimedEnvelope:

@@ -1,0 +1,223 @@
+"""Cancelling jobs and reporting progress: written once, run on memory, SQLite, PostgreSQL and MariaDB."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import uuid
+
+import pytest
+
+import syncjobs
+from syncjobs.context import RunInfo
+from syncjobs.errors import JobCancelled
+from syncjobs.status import Progress
+from tests.conftest import TEST_TABLE, QueueFactory
+from tests.dbworker import WaitJob, Workers
+from tests.helpers import WAIT, FakeClock, OnceJob, Probe, ProbeJob, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+#: Set by a test to let a StepJob of that key go on.
+STEPS: dict[str, threading.Event] = {}
+
+
+@dataclasses.dataclass
+class StepJob(syncjobs.Job):
+    """Reports 3 of 10, waits for its step, reports 10 of 10 and returns."""
+
+    NAME = "tests.step"
+    key: str
+
+    def run(self) -> str:
+        job = syncjobs.current_job()
+        assert job is not None
+        job.progress(3, 10, "three")
+        assert STEPS[self.key].wait(WAIT), "the test never let the job go on"
+        job.progress(10, total=10, note="all")
+        return "stepped"
+
+
+def state_of(handle: syncjobs.JobHandle) -> str | None:
+    status = handle.status()
+    return None if status is None else status.state
+
+
+def queue_with(make_queue: QueueFactory, **options: object) -> syncjobs.JobQueue:
+    queue = make_queue(**options)
+    queue.register(StepJob)
+    queue.register(WaitJob)
+    return queue
+
+
+def test_a_queued_job_cancelled_never_runs(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    probe = Probe()
+    handle = queue.dispatch(ProbeJob(probe.id))
+    kept = queue.dispatch(ProbeJob(probe.id, label=1))
+    assert queue.cancel(handle) is True
+    status = handle.status()
+    assert status is not None
+    assert (status.state, status.attempts, status.finished) == ("cancelled", 0, True)
+    assert status.finished_at is not None
+    assert queue.pending_count() == 1
+    with queue:
+        assert kept.result(WAIT) is None
+        assert queue.join(WAIT)
+    assert [run["label"] for run in probe.runs] == [1]
+    with pytest.raises(JobCancelled, match=r"'tests.probe' .* was cancelled") as cancelled:
+        handle.result(WAIT)
+    assert isinstance(cancelled.value, syncjobs.Cancelled)  # the Cancelled family, and an Exception
+    assert isinstance(cancelled.value, Exception)
+    assert queue.cancel(handle) is False  # already ended
+
+
+def test_a_delayed_or_parked_job_cancelled_never_runs_again(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    probe = Probe("retryable", "ok", wait=60)
+    parked = queue.dispatch(ProbeJob(probe.id))
+    delayed = queue.dispatch(ProbeJob(probe.id, label=1), delay=60)
+    with queue:
+        wait_until(lambda: state_of(parked) == "retrying", what="the first run to fail")
+        assert queue.cancel(parked) is True
+        assert delayed.cancel() is True
+        assert (state_of(parked), state_of(delayed)) == ("cancelled", "cancelled")
+        assert queue.join(WAIT)
+    assert [run["label"] for run in probe.runs] == [0]
+
+
+def test_a_running_job_cancelled_gets_its_token_and_ends_cancelled(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    letters: list[syncjobs.DeadLetter] = []
+    queue.on_dead_letter(letters.append)
+    probe = Probe("cooperate")
+    with queue:
+        handle = queue.dispatch(OnceJob(probe.id))
+        probe.wait_runs(1)
+        assert handle.cancel() is True
+        with pytest.raises(JobCancelled):
+            handle.result(WAIT)
+        assert queue.join(WAIT)
+    assert probe.runs[0]["info"].cancelled.is_set()
+    status = handle.status()
+    assert status is not None
+    assert (status.state, status.attempts) == ("cancelled", 1)
+    assert len(probe.runs) == 1  # not retried
+    assert letters == []  # not a dead letter
+
+
+def test_a_running_job_that_ignores_its_token_still_ends_cancelled(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    probe = Probe("block")
+    with queue:
+        handle = queue.dispatch(ProbeJob(probe.id))
+        probe.wait_runs(1)
+        assert queue.cancel(handle) is True
+        assert probe.runs[0]["info"].cancelled.wait(WAIT)
+        probe.release.set()
+        with pytest.raises(JobCancelled):
+            handle.result(WAIT)
+    assert len(probe.runs) == 1
+
+
+def test_cancel_of_an_unknown_or_finished_job_is_false(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    probe = Probe()
+    assert queue.cancel(str(uuid.uuid4())) is False
+    with queue:
+        handle = queue.dispatch(ProbeJob(probe.id))
+        handle.result(WAIT)
+        assert queue.cancel(handle) is False
+    assert state_of(handle) == "done"
+    with pytest.raises(TypeError, match="a job id is a string, got int"):
+        queue.cancel(7)  # type: ignore[arg-type]
+
+
+def test_progress_shows_in_status_while_running_and_after(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    key = uuid.uuid4().hex
+    STEPS[key] = threading.Event()
+    try:
+        with queue:
+            handle = queue.dispatch(StepJob(key))
+            assert handle.status().progress is None  # type: ignore[union-attr]
+            wait_until(
+                lambda: getattr(handle.status(), "progress", None) == Progress(3, 10, "three"),
+                what="the progress to show",
+            )
+            assert handle.status().progress.fraction == 0.3  # type: ignore[union-attr]
+            STEPS[key].set()
+            assert handle.result(WAIT) == "stepped"
+        done = handle.status()
+        assert done is not None
+        assert done.progress == Progress(10, 10, "all")
+    finally:
+        STEPS.pop(key).set()
+
+
+def test_progress_is_published_at_most_once_a_second_per_run() -> None:
+    clock = FakeClock()
+    published: list[Progress] = []
+    info = RunInfo("job-1", "tests.step", 0, 1, report=published.append, clock=clock)
+    for done in range(100_000):
+        info.progress(done, 100_000)
+    assert published == [Progress(0, 100_000, "")]
+    assert info.latest_progress == Progress(99_999, 100_000, "")
+    clock.advance(0.5)
+    info.progress(5, 10)
+    assert len(published) == 1
+    clock.advance(0.6)
+    info.progress(6, 10, "later")
+    assert published[-1] == Progress(6, 10, "later")
+    assert len(published) == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((-1,), {}, r"done must be a number >= 0, got -1"),
+        (("3",), {}, r"done must be a number >= 0, got '3'"),
+        ((3,), {"total": 0}, r"total must be a number > 0 \(or None\), got 0"),
+        ((3,), {"note": 5}, r"note must be a string, got int"),
+        ((float("nan"),), {}, r"done must be a number >= 0, got nan"),
+    ],
+)
+def test_bad_progress_is_refused_naming_the_job(
+    args: tuple[object, ...], kwargs: dict[str, object], message: str
+) -> None:
+    info = RunInfo("job-1", "tests.step", 0, 1)
+    with pytest.raises((TypeError, ValueError), match=rf"job 'tests.step' \(job-1\): progress\(\): {message}"):
+        info.progress(*args, **kwargs)  # type: ignore[arg-type]
+    # A long note is cut, not refused: progress must never fail a run.
+    info.progress(1, note="x" * 1000)
+    assert info.latest_progress is not None
+    assert len(info.latest_progress.note) == 200
+
+
+# -- across processes, on the database -------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_a_job_running_in_another_process_is_cancelled_through_the_database(db_url: str) -> None:
+    name = f"q-{uuid.uuid4().hex[:10]}"
+    queue = syncjobs.DatabaseJobQueue(db_url, queue=name, table=TEST_TABLE, workers=0)
+    queue.register(WaitJob)
+    # A lease of 3 s: the worker's heartbeat, which reads cancel requests, beats every second.
+    workers = Workers(db_url, name, table=TEST_TABLE, lease=3.0)
+    try:
+        workers.spawn()
+        handle = queue.dispatch(WaitJob(seconds=60))
+        queued = queue.dispatch(WaitJob(seconds=60), delay=60)
+        wait_until(lambda: state_of(handle) == "running", what="the job to run in the worker")
+        assert queue.cancel(handle) is True
+        with pytest.raises(JobCancelled):
+            handle.result(WAIT)
+        status = handle.status()
+        assert status is not None
+        assert (status.state, status.attempts) == ("cancelled", 1)
+        assert queue.cancel(queued) is True
+        assert state_of(queued) == "cancelled"
+        assert queue.pending_count() == 0
+    finally:
+        workers.stop()
+        queue.shutdown(grace=0)
