@@ -50,6 +50,7 @@ import itertools
 import json
 import os
 import queue as stdqueue
+import random
 import signal
 import statistics
 import subprocess
@@ -71,6 +72,8 @@ TABLE = "syncjobs_bench_jobs"
 FLOOR_TABLE = "syncjobs_bench_floor"
 PROCESSES = 2
 THREADS = 4
+#: status() calls timed after an end-to-end run, on random done jobs.
+STATUS_LOOKS = 500
 FLOOR_BATCH = 50
 LATENCY_JOBS = 200
 LATENCY_RATE = 100.0
@@ -153,9 +156,11 @@ def _stop_event() -> threading.Event:
     return stop
 
 
-def worker_main(url: str, queue_name: str, latency_file: str, poll_interval: float) -> int:
+def worker_main(url: str, queue_name: str, latency_file: str, poll_interval: float, keep_result: float) -> int:
     """A syncjobs worker process: ``ready`` once it takes work, ``ran NOOPS STAMPS`` after its shutdown."""
-    jobs = syncjobs.DatabaseJobQueue(url, workers=THREADS, queue=queue_name, table=TABLE, poll_interval=poll_interval)
+    jobs = syncjobs.DatabaseJobQueue(
+        url, workers=THREADS, queue=queue_name, table=TABLE, poll_interval=poll_interval, keep_result=keep_result
+    )
     jobs.register(Noop)
     jobs.register(Stamp)
     stop = _stop_event()
@@ -375,7 +380,8 @@ def drop_tables(connector: Connector) -> None:
     conn = connector.connect()
     try:
         cursor = conn.cursor()
-        for table in (TABLE, f"{TABLE}_schema", FLOOR_TABLE):
+        companions = ("_schema", "_workers", "_done", "_finished", "_results")
+        for table in (TABLE, *(f"{TABLE}{suffix}" for suffix in companions), FLOOR_TABLE):
             cursor.execute(f"DROP TABLE IF EXISTS {table}")
     finally:
         conn.close()
@@ -412,29 +418,64 @@ def enqueue_rates(connector: Connector, count: int, chunk: int) -> tuple[float, 
 
 
 def end_to_end_rate(
-    connector: Connector, count: int, tmp: Path, *, poll_interval: float, timeout: float, notes: list[str]
+    connector: Connector,
+    count: int,
+    tmp: Path,
+    *,
+    poll_interval: float,
+    timeout: float,
+    notes: list[str],
+    keep_result: float = syncjobs.DEFAULT_KEEP_RESULT,
+    status_ms: list[float] | None = None,
 ) -> float:
-    """Jobs a second through 2 worker processes of 4 threads, all jobs in the table when the clock starts."""
+    """Jobs a second through 2 worker processes of 4 threads, all jobs in the table when the clock starts.
+
+    With ``status_ms``, the median time of ``status()`` of a done job (of
+    STATUS_LOOKS, on random ids, after the run) is appended to it.
+    """
     jobs = fresh_queue(connector, "e2e", Noop)
     name = jobs.queue_name
     args = [
-        ["--worker", connector.url, name, str(tmp / f"{name}-{i}.latency"), "--poll-interval", str(poll_interval)]
+        [
+            "--worker",
+            connector.url,
+            name,
+            str(tmp / f"{name}-{i}.latency"),
+            "--poll-interval",
+            str(poll_interval),
+            "--keep-result",
+            str(keep_result),
+        ]
         for i in range(PROCESSES)
     ]
     try:
         with spawned(args, tmp, name, notes) as workers:
-            jobs.dispatch_many([NOOP] * count)  # one transaction: all visible at once
+            handles = jobs.dispatch_many([NOOP] * count)  # one transaction: all visible at once
             began = time.perf_counter()
             took = wait_drained(
                 jobs.pending_count, workers, began=began, timeout=timeout, what="end to end", may_exit=False
             )
             ran, _ = stop_and_count(workers)
         dead = jobs.dead_letters()
+        if status_ms is not None:
+            status_ms.append(_status_ms(jobs, handles))
     finally:
         jobs.shutdown()
     if ran != count or dead:
         raise BenchError(f"end to end: {count:,} jobs dispatched, {ran:,} runs, {len(dead)} dead letters")
     return count / took
+
+
+def _status_ms(jobs: syncjobs.DatabaseJobQueue, handles: Sequence[syncjobs.JobHandle]) -> float:
+    """Median milliseconds of one status() of a done job, its record kept, by its id."""
+    samples = []
+    for handle in random.sample(list(handles), min(STATUS_LOOKS, len(handles))):
+        began = time.perf_counter()
+        status = jobs.status(handle)
+        samples.append(time.perf_counter() - began)
+        if status is None or status.state != "done":
+            raise BenchError(f"status() of a done job {handle}: {status}")
+    return statistics.median(samples) * 1000
 
 
 def fill_floor(connector: Connector, name: str, count: int) -> None:
@@ -536,6 +577,9 @@ class Result:
     dispatch: float | None = None
     dispatch_many: float | None = None
     end_to_end: float | None = None
+    #: End to end with keep_result=0 (no record kept), and status()'s median with them kept.
+    end_to_end_unkept: float | None = None
+    status_ms: float | None = None
     floor: float | None = None
     p50_ms: float | None = None
     p99_ms: float | None = None
@@ -558,18 +602,44 @@ def bench_database(db: str, url: str, args: argparse.Namespace, tmp: Path) -> Re
         print(f"  enqueue, dispatch_many() by {args.chunk:<9,} {result.dispatch_many:>9,.0f} jobs/s", flush=True)
         floors: list[float] = []
         ends: list[float] = []
+        unkept: list[float] = []
+        status_ms: list[float] = []
         for _ in range(args.repeat):
             floors.append(floor_rate(connector, args.jobs, tmp, timeout=args.timeout, notes=notes))
             ends.append(
                 end_to_end_rate(
-                    connector, args.jobs, tmp, poll_interval=args.poll_interval, timeout=args.timeout, notes=notes
+                    connector,
+                    args.jobs,
+                    tmp,
+                    poll_interval=args.poll_interval,
+                    timeout=args.timeout,
+                    notes=notes,
+                    status_ms=status_ms,
+                )
+            )
+            unkept.append(
+                end_to_end_rate(
+                    connector,
+                    args.jobs,
+                    tmp,
+                    poll_interval=args.poll_interval,
+                    timeout=args.timeout,
+                    notes=notes,
+                    keep_result=0.0,
                 )
             )
         result.floor, result.end_to_end = statistics.median(floors), statistics.median(ends)
+        result.end_to_end_unkept, result.status_ms = statistics.median(unkept), statistics.median(status_ms)
         met = _verdict(result.end_to_end >= goal.jobs_per_s)
         print(
-            f"  end to end, syncjobs                  {result.end_to_end:>9,.0f} jobs/s"
+            f"  end to end, results kept 600 s        {result.end_to_end:>9,.0f} jobs/s"
             f"   goal >= {goal.jobs_per_s:,.0f}: {met}",
+            flush=True,
+        )
+        print(f"  end to end, keep_result=0             {result.end_to_end_unkept:>9,.0f} jobs/s", flush=True)
+        print(
+            f"  status() of a done job, median        {result.status_ms:>9.3f} ms    goal < 1 ms: "
+            f"{_verdict(result.status_ms < 1.0)}",
             flush=True,
         )
         print(
@@ -663,11 +733,12 @@ def main() -> None:
         "--mysql-url", default=os.environ.get("SYNCJOBS_TEST_MYSQL", "mysql://root@127.0.0.1:3306/test")
     )
     parser.add_argument("--worker", nargs=3, metavar=("URL", "QUEUE", "LATENCY_FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--keep-result", type=float, default=syncjobs.DEFAULT_KEEP_RESULT, help=argparse.SUPPRESS)
     parser.add_argument("--floor-worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         url, name, latency_file = args.worker
-        sys.exit(worker_main(url, name, latency_file, args.poll_interval))
+        sys.exit(worker_main(url, name, latency_file, args.poll_interval, args.keep_result))
     if args.floor_worker:
         sys.exit(floor_main(args.floor_worker))
     if args.jobs < 1 or args.chunk < 1 or args.repeat < 1:

@@ -5,14 +5,10 @@ from __future__ import annotations
 import contextvars
 import math
 import threading
-import time
 from collections.abc import Callable
 
 from .errors import Cancelled
 from .status import MAX_NOTE, Progress
-
-#: Seconds between two progress reports of one run that are published (the latest is always kept).
-PROGRESS_EVERY = 1.0
 
 # Guards the lazy creation of cancel events; taken only when a job first looks
 # at its token or shutdown cancels a run, never on the hot path.
@@ -24,10 +20,8 @@ class RunInfo:
 
     __slots__ = (
         "_cancel_requested",
-        "_clock",
         "_event",
         "_report",
-        "_reported_at",
         "attempt",
         "id",
         "latest_progress",
@@ -43,7 +37,6 @@ class RunInfo:
         max_attempts: int,
         *,
         report: Callable[[Progress], object] | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.id = id
         self.name = name
@@ -55,8 +48,6 @@ class RunInfo:
         #: What the run last reported with :meth:`progress` (None before it does).
         self.latest_progress: Progress | None = None
         self._report = report
-        self._clock = clock
-        self._reported_at = -math.inf
 
     @property
     def cancelled(self) -> threading.Event:
@@ -93,17 +84,13 @@ class RunInfo:
         """Report how far the run has come: ``done`` of ``total`` (if known), with a short ``note``.
 
         Shown by ``status()`` and ``syncjobs show``. Cheap in a tight loop:
-        the latest report is kept, and published at most once a second (on a
-        database, one write a second at most); the last one is kept with the
+        the report is kept as it is (a database writes each job's latest at
+        most once a second, off this thread), and the last one goes with the
         job's record when the run ends.
         """
         self.latest_progress = progress = self._checked_progress(done, total, note)
-        report = self._report
-        if report is not None:
-            now = self._clock()
-            if now - self._reported_at >= PROGRESS_EVERY:
-                self._reported_at = now
-                report(progress)
+        if self._report is not None:
+            self._report(progress)
 
     def _checked_progress(self, done: object, total: object, note: object) -> Progress:
         where = f"job {self.name!r} ({self.id}): progress()"

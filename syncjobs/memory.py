@@ -55,6 +55,10 @@ MAX_RECORDS = 100_000
 _CANCELLED = -1.0
 
 
+def _json(progress: Progress | None) -> str | None:
+    return None if progress is None else progress.to_json()
+
+
 class _Look:
     """``_keep(started=_LOOK)``: read when the run began from ``_started``."""
 
@@ -80,8 +84,8 @@ class MemoryStore:
         # _CANCELLED for a waiting job cancel() ended. setdefault() is atomic:
         # a claim and a cancel() agree on which came first without a lock.
         self._started: dict[str, float] = {}
-        #: What running jobs last reported, by id (JSON).
-        self._progress: dict[str, str] = {}
+        #: What running jobs last reported, by id.
+        self._progress: dict[str, Progress] = {}
         # Finished jobs' records, and a heap of (expiry, id) that prunes them.
         self._records: dict[str, _Record] = {}
         self._expiry: list[tuple[float, str]] = []
@@ -120,7 +124,7 @@ class MemoryStore:
             self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, progress=progress)
         self._finish(envelope)
 
-    def progress(self, envelope: Envelope, progress: str) -> None:
+    def progress(self, envelope: Envelope, progress: Progress) -> None:
         self._progress[envelope.id] = progress
 
     def cancel(self, job_id: str) -> str | None:
@@ -129,6 +133,9 @@ class MemoryStore:
             return None
         if self._started.setdefault(job_id, _CANCELLED) is not _CANCELLED:
             return "requested"  # it runs: the pool sets its token
+        if job_id not in self._unfinished:  # it finished meanwhile: nothing to cancel
+            self._started.pop(job_id, None)
+            return None
         # Waiting (ready or parked): its claim will drop it; it ends now.
         self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, started=None)
         self._unfinished.pop(job_id, None)
@@ -141,10 +148,12 @@ class MemoryStore:
         self._finish(envelope)
 
     def park(self, envelope: Envelope, due: float) -> None:
+        self._progress.pop(envelope.id, None)  # the next run reports its own
         self._started.pop(envelope.id, None)
         self.timers.push(due, envelope)
 
     def release(self, envelope: Envelope) -> None:
+        self._progress.pop(envelope.id, None)
         self._started.pop(envelope.id, None)
         self._ready.put(envelope)
 
@@ -161,7 +170,8 @@ class MemoryStore:
         started = self._started.get(job_id)
         run_at = None
         if started is _CANCELLED:  # ending as cancelled at this moment
-            return self._finished_status(job_id)
+            cancelled = JobStatus(job_id, envelope.name, "cancelled", envelope.attempt, envelope.max_attempts)
+            return self._finished_status(job_id) or cancelled
         if started is not None:
             state: State = "running"
         else:
@@ -176,7 +186,7 @@ class MemoryStore:
             created_at=utc(created_at(job_id)),
             started_at=utc(started),
             run_at=utc(run_at),
-            progress=Progress.from_json(self._progress.get(job_id)) if started is not None else None,
+            progress=self._progress.get(job_id) if started is not None else None,
         )
 
     def _finished_status(self, job_id: str) -> JobStatus | None:
@@ -231,7 +241,7 @@ class MemoryStore:
                 started,
                 time.time(),
                 expires,
-                progress if progress is not None else self._progress.get(envelope.id),
+                progress if progress is not None else _json(self._progress.get(envelope.id)),
             ),
         )
         heapq.heappush(self._expiry, (expires, envelope.id))
@@ -256,6 +266,9 @@ class MemoryStore:
         finally:
             self._pruning.release()
 
+    def unfinished_ids(self) -> set[str]:
+        return set(self._unfinished)
+
     def kept_records(self) -> int:
         """Finished jobs' records held now (pruned as they expire, or beyond MAX_RECORDS)."""
         return len(self._records)
@@ -264,8 +277,9 @@ class MemoryStore:
         return len(self._unfinished)
 
     def drained(self) -> bool:
-        # Only parked jobs (a delay, a retry's backoff) left.
-        return len(self._unfinished) == len(self.timers.entries())
+        # Only parked jobs (a delay, a retry's backoff) left; a cancelled one waits there until due.
+        unfinished = self._unfinished
+        return len(unfinished) == sum(1 for _, envelope in self.timers.entries() if envelope.id in unfinished)
 
     def wait_finished(self, timeout: float) -> None:
         with self._idle:
@@ -339,7 +353,8 @@ class InMemoryJobQueue(StoreQueue):
 
     def parked(self) -> list[tuple[float, str]]:
         """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""
-        return [(due, envelope.id) for due, envelope in self._memory.timers.entries()]
+        unfinished = self._memory.unfinished_ids()
+        return [(due, envelope.id) for due, envelope in self._memory.timers.entries() if envelope.id in unfinished]
 
     def stop_at_exit(self) -> None:
         """At interpreter exit: stop the workers at once, and warn of the jobs that are lost."""

@@ -11,7 +11,7 @@ from typing_extensions import Self
 
 from .dead_letters import DeadLetterCallback
 from .envelope import Envelope
-from .status import JobHandle, JobStatus
+from .status import JobHandle, JobStatus, Progress
 
 if TYPE_CHECKING:
     from .function_tasks import TaskDecorator
@@ -47,8 +47,8 @@ class Store(Protocol):
     def cancelled(self, envelope: Envelope, progress: str | None) -> None:
         """cancel() asked for the job, and its run (if one began) has ended: the job is finished as cancelled."""
 
-    def progress(self, envelope: Envelope, progress: str) -> None:
-        """The running job reported how far it has come (JSON); at most about once a second a run."""
+    def progress(self, envelope: Envelope, progress: Progress) -> None:
+        """The running job reported how far it has come (at every report: keep it cheap)."""
 
     def wake(self, count: int) -> None:
         """Wake up to ``count`` workers blocked in :meth:`claim`."""

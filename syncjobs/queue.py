@@ -50,6 +50,9 @@ class Prepared:
 class StoreQueue:
     """A ``JobQueue`` over one store: registration, dispatch checks, lifecycle."""
 
+    #: Whether a running job that cancel() finds is always this process's own (in memory), rather
+    #: than possibly another's (a database, where the holder's heartbeat tells it).
+    cancels_only_here: ClassVar[bool] = True
     #: The keyword arguments ``dispatch()`` takes after the job (what a task's ``using()`` takes).
     dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at"})
 
@@ -162,7 +165,7 @@ class StoreQueue:
             raise TypeError(f"a job id is a string, got {type(job_id).__name__}")
         found = self._store.cancel(job_id)
         if found == "requested":
-            self._pool.cancel_run(job_id)
+            self._pool.cancel_run(job_id, remember=self.cancels_only_here)
         return found is not None
 
     @property

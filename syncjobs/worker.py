@@ -115,7 +115,8 @@ class _Run:
         self.timeout: float | None = None
 
     def _publish_progress(self, progress: Progress) -> None:
-        self.store.progress(self.envelope, progress.to_json())
+        if not self.abandoned:  # a timed-out run's reports no longer belong to the job
+            self.store.progress(self.envelope, progress)
 
     def progress_json(self) -> str | None:
         """What the run last reported, as JSON, for the job's record when it ends."""
@@ -216,8 +217,8 @@ class WorkerPool:
         # shutdown pops it from _running (dict.pop is atomic).
         self._lock = threading.Lock()
         self._running: dict[_Run, None] = {}
-        #: Ids cancel() asked for whose runs were not found running here (yet): see cancel_run().
-        self._cancel_ids: set[str] = set()
+        #: (id, lease) of runs cancel() asked for that were not found running here (yet): see cancel_run().
+        self._cancel_ids: set[tuple[str, str | None]] = set()
         self._generation: _Generation | None = None
         self._observers: list[RunObserver] = []
         self._wrappers: list[RunWrapper] = []
@@ -442,7 +443,7 @@ class WorkerPool:
         """
         self._running[run] = None
         # After publishing the run, as cancel_run() adds the id before it looks: one of them sees the other.
-        if self._cancel_ids and run.envelope.id in self._cancel_ids:
+        if self._cancel_ids and _cancel_key(run.envelope) in self._cancel_ids:
             run.cancelled_by_user = True
         limit = self._limit
         # Separate lines, so that a test can stop a worker between the read and the decision.
@@ -456,7 +457,10 @@ class WorkerPool:
                     limit.reached()  # this run is the last one the limit allows
                 return True
         if self._running.pop(run, _GONE) is not _GONE:
-            self._store.release(run.envelope)
+            if run.cancelled_by_user:
+                self._cancel(run, ran=False)
+            else:
+                self._store.release(run.envelope)
         # Otherwise shutdown took the run first, and hands it back.
         return False
 
@@ -583,7 +587,11 @@ class WorkerPool:
             )
             return False
         if self._cancel_ids:
-            self._cancel_ids.discard(envelope.id)
+            # Read after the pop: a cancel_run() that came too late to find the run left its id.
+            key = _cancel_key(envelope)
+            if key in self._cancel_ids:
+                self._cancel_ids.discard(key)
+                run.cancelled_by_user = True
         if run.cancelled_by_user:
             self._cancel(run, ran=job is not None)
             self._report(run, Outcome.CANCELLED)
@@ -662,14 +670,17 @@ class WorkerPool:
             )
             return None
 
-    def cancel_run(self, job_id: str) -> None:
+    def cancel_run(self, job_id: str, lease: str | None = None, *, remember: bool = True) -> None:
         """cancel() asked for ``job_id``: a run of it here gets its token set and will end cancelled.
 
-        Not found running here, it is remembered: a run of it that begins
-        here later (a row claimed ahead, say) ends cancelled without running.
+        With ``remember``, a run of it (under ``lease``, for a database row
+        this process holds) not found here yet is remembered: when it begins,
+        it ends cancelled without running, and when its outcome is applied,
+        it ends cancelled whatever it was.
         """
-        # The id first, then the look: _admit() publishes the run, then looks at the ids.
-        self._cancel_ids.add(job_id)
+        # The key first, then the look: _admit() publishes the run, then looks at the keys.
+        if remember:
+            self._cancel_ids.add((job_id, lease))
         for run in list(self._running):
             if run.envelope.id == job_id:
                 run.cancelled_by_user = True
@@ -697,6 +708,11 @@ class WorkerPool:
         self._store.dead(envelope, error)
         dead = dead_letter_from_text(envelope.id, envelope.name, envelope.payload, envelope.attempt, error)
         self._dead_letters.emit(dead, envelope.context, exc)
+
+
+def _cancel_key(envelope: Envelope) -> tuple[str, str | None]:
+    # A database claim's lease names the run: a later claim of the same row is another.
+    return envelope.id, getattr(envelope, "lease", None)
 
 
 def _abandoned(run: _Run | None) -> bool:

@@ -5,14 +5,16 @@ from __future__ import annotations
 import dataclasses
 import threading
 import uuid
+from typing import Any
 
 import pytest
 
 import syncjobs
 from syncjobs.context import RunInfo
+from syncjobs.database.background import ProgressWriter
 from syncjobs.errors import JobCancelled
 from syncjobs.status import Progress
-from tests.conftest import TEST_TABLE, QueueFactory
+from tests.conftest import TEST_TABLE, Backend, QueueFactory
 from tests.dbworker import WaitJob, Workers
 from tests.helpers import WAIT, FakeClock, OnceJob, Probe, ProbeJob, wait_until
 
@@ -70,6 +72,27 @@ def test_a_queued_job_cancelled_never_runs(make_queue: QueueFactory) -> None:
     assert isinstance(cancelled.value, syncjobs.Cancelled)  # the Cancelled family, and an Exception
     assert isinstance(cancelled.value, Exception)
     assert queue.cancel(handle) is False  # already ended
+
+
+def test_a_cancelled_job_whose_time_comes_is_dropped_and_the_queue_drains(backend: Backend) -> None:
+    if backend.is_database:
+        pytest.skip("a database keeps its own time; there a cancelled row is simply never claimed")
+    clock = FakeClock()
+    queue = backend.make(workers=1, clock=clock)
+    probe = Probe("retryable", "ok", wait=60)
+    parked = queue.dispatch(ProbeJob(probe.id))
+    delayed = queue.dispatch(ProbeJob(probe.id, label=1), delay=30)
+    with queue:
+        wait_until(lambda: state_of(parked) == "retrying", what="the first run to fail")
+        assert queue.cancel(parked) is True
+        assert queue.cancel(delayed) is True
+        assert queue.drained()  # both wait in the timer heap, cancelled: nothing left to run
+        assert queue.parked() == []
+        clock.advance(61)  # both come due, and their claims drop them
+        assert queue.join(WAIT)
+        assert queue.drained()
+    assert [run["label"] for run in probe.runs] == [0]
+    assert (state_of(parked), state_of(delayed)) == ("cancelled", "cancelled")
 
 
 def test_a_delayed_or_parked_job_cancelled_never_runs_again(make_queue: QueueFactory) -> None:
@@ -138,9 +161,9 @@ def test_progress_shows_in_status_while_running_and_after(make_queue: QueueFacto
     key = uuid.uuid4().hex
     STEPS[key] = threading.Event()
     try:
+        handle = queue.dispatch(StepJob(key))
+        assert handle.status().progress is None  # type: ignore[union-attr]
         with queue:
-            handle = queue.dispatch(StepJob(key))
-            assert handle.status().progress is None  # type: ignore[union-attr]
             wait_until(
                 lambda: getattr(handle.status(), "progress", None) == Progress(3, 10, "three"),
                 what="the progress to show",
@@ -155,21 +178,37 @@ def test_progress_shows_in_status_while_running_and_after(make_queue: QueueFacto
         STEPS.pop(key).set()
 
 
-def test_progress_is_published_at_most_once_a_second_per_run() -> None:
-    clock = FakeClock()
+def test_a_tight_loop_of_reports_costs_one_database_write_a_job_per_flush() -> None:
     published: list[Progress] = []
-    info = RunInfo("job-1", "tests.step", 0, 1, report=published.append, clock=clock)
+    info = RunInfo("job-1", "tests.step", 0, 1, report=published.append)
     for done in range(100_000):
         info.progress(done, 100_000)
-    assert published == [Progress(0, 100_000, "")]
-    assert info.latest_progress == Progress(99_999, 100_000, "")
-    clock.advance(0.5)
-    info.progress(5, 10)
-    assert len(published) == 1
-    clock.advance(0.6)
-    info.progress(6, 10, "later")
-    assert published[-1] == Progress(6, 10, "later")
-    assert len(published) == 2
+    # Every report reaches the store, which keeps it as it is (the latest is never lost) ...
+    assert len(published) == 100_000
+    assert info.latest_progress == published[-1] == Progress(99_999, 100_000, "")
+
+    executed: list[tuple[object, ...]] = []
+
+    class Cursor:
+        def execute(self, sql: str, params: tuple[object, ...]) -> None:
+            executed.append(params)
+
+    class Database:
+        def run(self, operation: Any, *, deadline: float | None = None) -> Any:
+            return operation(Cursor())
+
+    # ... and a database's writer, which flushes once a second, writes each job's latest once.
+    writer = ProgressWriter(Database(), "UPDATE", every=1.0)
+    for progress in published:
+        writer.put("job-1", "lease-1", progress)
+    writer.put("job-2", "lease-2", Progress(1))
+    assert writer.flush() == 2
+    assert {params[1]: params for params in executed} == {
+        "job-1": (Progress(99_999, 100_000, "").to_json(), "job-1", "lease-1"),
+        "job-2": (Progress(1).to_json(), "job-2", "lease-2"),
+    }
+    assert len(executed) == 2
+    assert writer.flush() == 0  # nothing new: nothing written
 
 
 @pytest.mark.parametrize(
@@ -220,4 +259,39 @@ def test_a_job_running_in_another_process_is_cancelled_through_the_database(db_u
         assert queue.pending_count() == 0
     finally:
         workers.stop()
+        queue.shutdown(grace=0)
+
+
+def test_a_flagged_row_that_goes_back_to_the_queue_ends_cancelled(db_url: str) -> None:
+    """Parked after a failure, or requeued when its worker died, before the holder's heartbeat saw the flag."""
+    from syncjobs.database import queries
+    from syncjobs.database.dialects import dialect_for
+    from tests.test_database import execute
+
+    queue = syncjobs.DatabaseJobQueue(db_url, queue=f"q-{uuid.uuid4().hex[:10]}", table=TEST_TABLE, workers=0)
+    queue.register(WaitJob)
+    try:
+        parked, expired = queue.dispatch(WaitJob()), queue.dispatch(WaitJob())
+        claim = f"UPDATE {TEST_TABLE} SET state = 'running', lease_token = ?, lease_owner = 'elsewhere' WHERE id = ?"
+        for job_id in (parked, expired):
+            execute(db_url, claim, (f"token-{job_id}", str(job_id)))
+            assert queue.cancel(job_id) is True  # requested: another process holds it
+            assert state_of(job_id) == "running"
+        dialect = dialect_for(db_url)
+        execute(
+            db_url,
+            dialect.sql(queries.PARK, TEST_TABLE).replace(dialect.placeholder, "?"),
+            (1, 30.0, str(parked), f"token-{parked}"),
+        )
+        execute(
+            db_url,
+            dialect.sql(queries.REQUEUE_EXPIRED, TEST_TABLE).replace(dialect.placeholder, "?"),
+            (1, str(expired)),
+        )
+        for job_id in (parked, expired):
+            status = queue.status(job_id)
+            assert status is not None
+            assert (status.state, status.finished) == ("cancelled", True)
+        assert queue.pending_count() == 0
+    finally:
         queue.shutdown(grace=0)

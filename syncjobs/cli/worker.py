@@ -414,6 +414,8 @@ def _log_run(report: RunReport) -> None:
         result = f"failed, retry in {report.retry_in:.3g}s: {report.error}"
     elif report.outcome is Outcome.DEAD:
         result = f"dead: {report.error}"
+    elif report.outcome is Outcome.CANCELLED:
+        result = "cancelled"
     else:
         result = f"aborted: {report.error}"
     logger.info(

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol, TypeVar
 
 from ..envelope import ClaimedEnvelope
+from ..status import Progress
 
 logger = logging.getLogger("syncjobs.database")
 
@@ -393,10 +394,11 @@ class ProgressWriter:
         self._sql = sql
         self._every = every
         self._lock = threading.Lock()
-        self._pending: dict[str, tuple[str, str | None]] = {}
+        self._pending: dict[str, tuple[Progress, str | None]] = {}
         self._wake = threading.Event()
 
-    def put(self, job_id: str, lease: str | None, progress: str) -> None:
+    def put(self, job_id: str, lease: str | None, progress: Progress) -> None:
+        """Keep ``progress`` as the job's latest: cheap, whatever the rate (it is written once a second at most)."""
         with self._lock:
             self._pending[job_id] = (progress, lease)
         self._wake.set()
@@ -410,18 +412,25 @@ class ProgressWriter:
             self._wake.clear()
             if stopping.is_set():
                 return
-            with self._lock:
-                batch, self._pending = self._pending, {}
-            if batch:
-                try:
-                    self._db.run(functools.partial(self._write, batch=batch), deadline=self._every * 5)
-                except Exception:
-                    logger.debug("could not write the progress of %d job(s)", len(batch), exc_info=True)
+            self.flush()
             stopping.wait(self._every)
 
-    def _write(self, cursor: Any, *, batch: dict[str, tuple[str, str | None]]) -> None:
+    def flush(self) -> int:
+        """Write each job's latest report, one UPDATE a job; how many were written (best effort)."""
+        with self._lock:
+            batch, self._pending = self._pending, {}
+        if not batch:
+            return 0
+        try:
+            self._db.run(functools.partial(self._write, batch=batch), deadline=self._every * 5)
+        except Exception:
+            logger.debug("could not write the progress of %d job(s)", len(batch), exc_info=True)
+            return 0
+        return len(batch)
+
+    def _write(self, cursor: Any, *, batch: dict[str, tuple[Progress, str | None]]) -> None:
         for job_id, (progress, lease) in batch.items():
-            cursor.execute(self._sql, (progress, job_id, lease))
+            cursor.execute(self._sql, (progress.to_json(), job_id, lease))
 
 
 class Listener:

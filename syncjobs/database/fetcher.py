@@ -504,7 +504,7 @@ class Fetcher:
             cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - 3600))
             cursor.execute(self._sql["FINISHED_PRUNE"], (3600.0,))
             cursor.execute(self._sql["RESULTS_PRUNE"])
-            cursor.execute(self._sql["CANCELLED_PRUNE"], (self.keep_cancelled,))
+            cursor.execute(self._sql["CANCELLED_PRUNE"], (self.queue, self.keep_cancelled))
 
         def recover(cursor: Any) -> list[tuple[ClaimedEnvelope, str | None]]:
             cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))

@@ -15,6 +15,9 @@ COLUMNS = "id, name, payload, context, attempt, max_attempts"
 # at once: a job that kills its worker before its mark was written spends an
 # attempt at the latest on its next run.
 LEASED = "('running', 'claimed')"
+# A row going back to the queue that cancel() flagged meanwhile ends cancelled instead.
+REQUEUED_STATE = "CASE WHEN cancel_requested > 0 THEN 'cancelled' ELSE 'queued' END"
+REQUEUED_FINISHED = "CASE WHEN cancel_requested > 0 THEN {now} ELSE finished_at END"
 CLAIM_STATE = "CASE WHEN lease_token IS NULL THEN ? ELSE 'running' END"
 
 # A dispatch is INSERT_INTO followed by one INSERT_ROW per job, comma-separated.
@@ -95,12 +98,13 @@ SELECT_EXPIRED = (
 )
 
 REQUEUE_UNSTARTED = (
-    "UPDATE {table} SET state = 'queued', run_at = {now}, "
+    "UPDATE {table} SET state = " + REQUEUED_STATE + ", finished_at = " + REQUEUED_FINISHED + ", run_at = {now}, "
     "lease_owner = NULL, lease_token = 'unstarted', lease_expires = NULL WHERE id = ? AND state = 'claimed'"
 )
 
 REQUEUE_EXPIRED = (
-    "UPDATE {table} SET state = 'queued', attempt = ?, run_at = {now}, "
+    "UPDATE {table} SET state = " + REQUEUED_STATE + ", finished_at = " + REQUEUED_FINISHED + ", attempt = ?, "
+    "run_at = {now}, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
 )
 
@@ -132,7 +136,8 @@ RENEW = (
 COMPLETE_MANY = "DELETE FROM {table} WHERE lease_token = ? AND id IN ({ids})"
 
 PARK = (
-    "UPDATE {table} SET state = 'queued', attempt = ?, run_at = {now} + ?, "
+    "UPDATE {table} SET state = " + REQUEUED_STATE + ", finished_at = " + REQUEUED_FINISHED + ", attempt = ?, "
+    "run_at = {now} + ?, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
 )
 
@@ -198,14 +203,16 @@ CANCEL_WAITING = "UPDATE {table} SET state = 'cancelled', finished_at = {now} WH
 CANCEL_RUNNING = (
     f"UPDATE {{table}} SET cancel_requested = COALESCE(cancel_requested, 0) + 1 WHERE id = ? AND state IN {LEASED}"
 )
-CANCEL_REQUESTS = f"SELECT id FROM {{table}} WHERE lease_owner = ? AND cancel_requested > 0 AND state IN {LEASED}"
+CANCEL_REQUESTS = (
+    f"SELECT id, lease_token FROM {{table}} WHERE lease_owner = ? AND cancel_requested > 0 AND state IN {LEASED}"
+)
 # A cancelled run has ended: fenced like DEAD.
 CANCELLED = (
     "UPDATE {table} SET state = 'cancelled', attempt = ?, progress = COALESCE(?, progress), finished_at = {now}, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
 )
 # Cancelled jobs stay in the jobs table (as dead letters do) until pruned.
-CANCELLED_PRUNE = "DELETE FROM {table} WHERE state = 'cancelled' AND finished_at < {now_once} - ?"
+CANCELLED_PRUNE = "DELETE FROM {table} WHERE queue = ? AND state = 'cancelled' AND finished_at < {now_once} - ?"
 PROGRESS = "UPDATE {table} SET progress = ? WHERE id = ? AND lease_token = ?"
 
 # Added to by the completer in the transaction that deletes the finished rows.
@@ -258,11 +265,13 @@ DEAD_LIST = (
 )
 DEAD_SHOW = f"SELECT {DEAD_COLUMNS}, {{now}} FROM {{table}} WHERE id = ? AND state = 'dead'{{queue_filter}}"
 RETRY_DEAD = (
-    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, finished_at = NULL "
+    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, finished_at = NULL, "
+    "cancel_requested = NULL "
     "WHERE id = ? AND state = 'dead'{queue_filter}"
 )
 RETRY_DEAD_ALL = (
-    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, finished_at = NULL "
+    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, finished_at = NULL, "
+    "cancel_requested = NULL "
     "WHERE state = 'dead'{queue_filter}"
 )
 PURGE_DEAD = "DELETE FROM {table} WHERE state = 'dead' AND finished_at <= {now_once} - ?{queue_filter}"

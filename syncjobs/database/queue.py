@@ -38,6 +38,7 @@ class DatabaseJobQueue(StoreQueue):
     """
 
     dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "connection"})
+    cancels_only_here: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -111,7 +112,7 @@ class DatabaseJobQueue(StoreQueue):
         )
         self._prefetch = self._db.prefetch
         self._db.on_expired_dead = self._expired_dead
-        self._db.on_cancel_requested = self._pool.cancel_run
+        self._db.on_cancel_requested = self._pool.cancel_run  # rows this process holds: remembered by lease
         self._db.keep_cancelled = self.keep_result
         #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
         self.admin: TableAdmin = self._db.admin

@@ -136,7 +136,7 @@ def add_columns(dialect: Dialect, table: str, cursor: Any) -> None:
             cursor.execute(
                 "SELECT COUNT(*) FROM information_schema.columns "
                 "WHERE table_schema = current_schema() AND table_name = %s AND column_name = %s",
-                (table, column),
+                (table.lower(), column),  # an unquoted name is folded to lower case
             )
         elif dialect is MYSQL:
             cursor.execute(
@@ -148,7 +148,8 @@ def add_columns(dialect: Dialect, table: str, cursor: Any) -> None:
             pragma = f"SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?"  # noqa: S608 - a validated identifier
             cursor.execute(pragma, (column,))
         if not cursor.fetchone()[0]:
-            cursor.execute(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
+            exists = " IF NOT EXISTS" if dialect is POSTGRES else ""  # SQLite and MySQL have none
+            cursor.execute(f"ALTER TABLE {table} ADD COLUMN{exists} {column} {sql_type}")
 
 
 def record_version(table: str) -> list[str]:

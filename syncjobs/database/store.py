@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from ..envelope import ClaimedEnvelope, Envelope
 from ..errors import QueueError
-from ..status import JobStatus
+from ..status import JobStatus, Progress
 from . import queries
 from .admin import TableAdmin
 from .background import WRITE_COALESCE, Heartbeat, Leases, Listener, Loop, OutcomeWriter, ProgressWriter
@@ -110,7 +110,7 @@ class DatabaseStore:
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
         self.on_expired_dead: Callable[[ClaimedEnvelope, str], None] = lambda envelope, error: None
         #: Called with the id of a row this process holds that cancel() flagged (by the heartbeat, each beat).
-        self.on_cancel_requested: Callable[[str], None] = lambda job_id: None
+        self.on_cancel_requested: Callable[[str, str | None], None] = lambda job_id, lease: None
         #: One job's record, cancel(), stats and dead letters, on this store's connections.
         self.admin = TableAdmin(self.connections, table=table, timeout=dispatch_timeout, on_requeue=self.wake_fetcher)
         self._progress = ProgressWriter(self, self._sql["PROGRESS"])
@@ -251,7 +251,7 @@ class DatabaseStore:
         claimed = _claimed(envelope)
         self._fenced("CANCELLED", (claimed.attempt, progress, claimed.id, claimed.lease), claimed)
 
-    def progress(self, envelope: Envelope, progress: str) -> None:
+    def progress(self, envelope: Envelope, progress: Progress) -> None:
         claimed = _claimed(envelope)
         self._progress.put(claimed.id, claimed.lease, progress)
 
@@ -541,8 +541,8 @@ class DatabaseStore:
                 self._worker_up(cursor)
             # What cancel() asked of the rows this process holds, from any process.
             cursor.execute(self._sql["CANCEL_REQUESTS"], (self.owner,))
-            for (job_id,) in cursor.fetchall():
-                self.on_cancel_requested(str(job_id))
+            for job_id, lease in cursor.fetchall():
+                self.on_cancel_requested(str(job_id), lease)
 
 
 #: One statement keeps at most this many results (7 parameters each: within
