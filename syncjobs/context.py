@@ -93,19 +93,21 @@ class RunInfo:
             self._report(progress)
 
     def _checked_progress(self, done: object, total: object, note: object) -> Progress:
-        where = f"job {self.name!r} ({self.id}): progress()"
         if isinstance(done, bool) or not isinstance(done, (int, float)):
-            raise TypeError(f"{where}: done must be a number >= 0, got {done!r}")
+            raise TypeError(f"{self._where()}: done must be a number >= 0, got {done!r}")
         if not 0 <= done < math.inf:
-            raise ValueError(f"{where}: done must be a number >= 0, got {done!r}")
+            raise ValueError(f"{self._where()}: done must be a number >= 0, got {done!r}")
         if total is not None:
             if isinstance(total, bool) or not isinstance(total, (int, float)):
-                raise TypeError(f"{where}: total must be a number > 0 (or None), got {total!r}")
+                raise TypeError(f"{self._where()}: total must be a number > 0 (or None), got {total!r}")
             if not 0 < total < math.inf:
-                raise ValueError(f"{where}: total must be a number > 0 (or None), got {total!r}")
+                raise ValueError(f"{self._where()}: total must be a number > 0 (or None), got {total!r}")
         if not isinstance(note, str):
-            raise TypeError(f"{where}: note must be a string, got {type(note).__name__}")
+            raise TypeError(f"{self._where()}: note must be a string, got {type(note).__name__}")
         return Progress(done, total, note[:MAX_NOTE])
+
+    def _where(self) -> str:
+        return f"job {self.name!r} ({self.id}): progress()"
 
     def __repr__(self) -> str:
         return f"RunInfo(id={self.id!r}, name={self.name!r}, attempt={self.attempt}, max_attempts={self.max_attempts})"

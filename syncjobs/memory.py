@@ -169,9 +169,18 @@ class MemoryStore:
             return self._finished_status(job_id)
         started = self._started.get(job_id)
         run_at = None
-        if started is _CANCELLED:  # ending as cancelled at this moment
-            cancelled = JobStatus(job_id, envelope.name, "cancelled", envelope.attempt, envelope.max_attempts)
-            return self._finished_status(job_id) or cancelled
+        if started is _CANCELLED:  # ending as cancelled at this moment, unless it finished first
+            finished = self._finished_status(job_id)
+            if finished is not None or job_id not in self._unfinished:
+                return finished
+            return JobStatus(
+                job_id,
+                envelope.name,
+                "cancelled",
+                envelope.attempt,
+                envelope.max_attempts,
+                created_at=utc(created_at(job_id)),
+            )
         if started is not None:
             state: State = "running"
         else:

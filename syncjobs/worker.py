@@ -324,6 +324,8 @@ class WorkerPool:
         self._wait_for_workers(workers, deadline)
         with self._lock:
             taken = [run for run in list(self._running) if self._running.pop(run, _GONE) is not _GONE]
+            for run in taken:
+                self._took(run)
             # A run its worker had not begun yet is handed back as it is.
             unbegun = [run for run in taken if run.decide(_SHUTDOWN)]
             stranded = [run for run in taken if run not in unbegun]
@@ -348,7 +350,7 @@ class WorkerPool:
             for run in stranded:
                 run.info.cancel()
                 if run.cancelled_by_user:
-                    self._cancel(run, ran=True)
+                    self._cancel(run, ran=run.job is not None)
                     self._report(run, Outcome.CANCELLED)
                     continue
                 envelope = run.envelope
@@ -457,6 +459,7 @@ class WorkerPool:
                     limit.reached()  # this run is the last one the limit allows
                 return True
         if self._running.pop(run, _GONE) is not _GONE:
+            self._took(run)
             if run.cancelled_by_user:
                 self._cancel(run, ran=False)
             else:
@@ -516,6 +519,7 @@ class WorkerPool:
         """
         if self._running.pop(run, _GONE) is _GONE:
             return  # finished in time, or shutdown took it
+        self._took(run)
         run.abandoned = True
         run.info.cancel()
         wake = self._shutdown_wake
@@ -586,12 +590,7 @@ class WorkerPool:
                 "late finish of abandoned job %s (%s) ignored", envelope.name, envelope.id, extra=_extra(envelope)
             )
             return False
-        if self._cancel_ids:
-            # Read after the pop: a cancel_run() that came too late to find the run left its id.
-            key = _cancel_key(envelope)
-            if key in self._cancel_ids:
-                self._cancel_ids.discard(key)
-                run.cancelled_by_user = True
+        self._took(run)
         if run.cancelled_by_user:
             self._cancel(run, ran=job is not None)
             self._report(run, Outcome.CANCELLED)
@@ -670,6 +669,14 @@ class WorkerPool:
             )
             return None
 
+    def _took(self, run: _Run) -> None:
+        """Whoever popped ``run`` from ``_running`` calls this: a cancel_run() too late to find it left its key."""
+        if self._cancel_ids:
+            key = _cancel_key(run.envelope)
+            if key in self._cancel_ids:
+                self._cancel_ids.discard(key)
+                run.cancelled_by_user = True
+
     def cancel_run(self, job_id: str, lease: str | None = None, *, remember: bool = True) -> None:
         """cancel() asked for ``job_id``: a run of it here gets its token set and will end cancelled.
 
@@ -682,13 +689,14 @@ class WorkerPool:
         if remember:
             self._cancel_ids.add((job_id, lease))
         for run in list(self._running):
-            if run.envelope.id == job_id:
+            if run.envelope.id == job_id and (lease is None or _cancel_key(run.envelope)[1] == lease):
                 run.cancelled_by_user = True
                 run.info.cancel()
 
     def _cancel(self, run: _Run, *, ran: bool) -> None:
         """End a cancelled job: not retried, not a dead letter; a run that began is spent."""
         envelope = run.envelope
+        self._cancel_ids.discard(_cancel_key(envelope))
         if ran:
             envelope.attempt += 1
         self._store.cancelled(envelope, run.progress_json())

@@ -89,10 +89,30 @@ def test_a_cancelled_job_whose_time_comes_is_dropped_and_the_queue_drains(backen
         assert queue.drained()  # both wait in the timer heap, cancelled: nothing left to run
         assert queue.parked() == []
         clock.advance(61)  # both come due, and their claims drop them
+        # One worker takes the heap's due envelopes before a job dispatched now.
+        sentinel = Probe()
+        assert queue.dispatch(ProbeJob(sentinel.id, label=2)).result(WAIT) is None
         assert queue.join(WAIT)
         assert queue.drained()
     assert [run["label"] for run in probe.runs] == [0]
+    assert [run["label"] for run in sentinel.runs] == [2]
     assert (state_of(parked), state_of(delayed)) == ("cancelled", "cancelled")
+
+
+def test_a_job_claimed_ahead_in_this_process_and_cancelled_never_runs(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue, workers=1)
+    blocker, probe = Probe("block"), Probe()
+    first = queue.dispatch(ProbeJob(blocker.id))
+    second = queue.dispatch(ProbeJob(probe.id))
+    with queue:
+        blocker.wait_runs(1)  # the one worker is busy; the second job waits (on a database, claimed ahead)
+        assert queue.cancel(second) is True
+        blocker.release.set()
+        assert first.result(WAIT) is None
+        with pytest.raises(JobCancelled):
+            second.result(WAIT)
+        assert queue.join(WAIT)
+    assert probe.runs == []
 
 
 def test_a_delayed_or_parked_job_cancelled_never_runs_again(make_queue: QueueFactory) -> None:

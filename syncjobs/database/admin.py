@@ -191,6 +191,14 @@ class TableAdmin:
                 return "requested"
         return None
 
+    def holder(self, job_id: str) -> tuple[str, str | None] | None:
+        """``(lease_owner, lease_token)`` of a job a worker holds; None if none does."""
+        rows = self._run(self._sql(queries.HOLDER), (job_id,))
+        if not rows or rows[0][0] is None:
+            return None
+        owner, token = rows[0]
+        return str(owner), None if token is None else str(token)
+
     # -- stats -------------------------------------------------------------------
 
     def stats(self) -> Stats:

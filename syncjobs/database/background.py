@@ -401,7 +401,8 @@ class ProgressWriter:
         """Keep ``progress`` as the job's latest: cheap, whatever the rate (it is written once a second at most)."""
         with self._lock:
             self._pending[job_id] = (progress, lease)
-        self._wake.set()
+        if not self._wake.is_set():  # Event.set() takes a lock every worker would share
+            self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()

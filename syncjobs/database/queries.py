@@ -203,6 +203,7 @@ CANCEL_WAITING = "UPDATE {table} SET state = 'cancelled', finished_at = {now} WH
 CANCEL_RUNNING = (
     f"UPDATE {{table}} SET cancel_requested = COALESCE(cancel_requested, 0) + 1 WHERE id = ? AND state IN {LEASED}"
 )
+HOLDER = f"SELECT lease_owner, lease_token FROM {{table}} WHERE id = ? AND state IN {LEASED}"
 CANCEL_REQUESTS = (
     f"SELECT id, lease_token FROM {{table}} WHERE lease_owner = ? AND cancel_requested > 0 AND state IN {LEASED}"
 )

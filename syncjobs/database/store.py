@@ -259,7 +259,15 @@ class DatabaseStore:
         return self.admin.status(job_id)
 
     def cancel(self, job_id: str) -> str | None:
-        return self.admin.cancel(job_id)
+        found = self.admin.cancel(job_id)
+        if found == "requested":
+            # A row this process holds (one claimed ahead, maybe, that no
+            # worker has begun): its run ends cancelled without waiting for
+            # the heartbeat to read the request.
+            holder = self.admin.holder(job_id)
+            if holder is not None and holder[0] == self.owner:
+                self.on_cancel_requested(job_id, holder[1])
+        return found
 
     def park(self, envelope: Envelope, due: float) -> None:
         delay = max(0.0, due - self._clock())
