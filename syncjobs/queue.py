@@ -91,6 +91,8 @@ class StoreQueue:
         # handler calling shutdown() in the middle of start() cannot deadlock.
         self._lifecycle = threading.RLock()
         self._handle_type = handle_type(self)
+        #: Where dispatches go instead while a test diverts them (see ``divert_dispatches``).
+        self._diverted_to: StoreQueue | None = None
         exit_watch.watch(self)
 
     def share_jobs_of(self, other: StoreQueue) -> None:
@@ -125,9 +127,20 @@ class StoreQueue:
         ``delay`` (seconds or a ``timedelta``) or ``run_at`` (an aware
         ``datetime``) holds it back.
         """
+        if self._diverted_to is not None:
+            return self._diverted_to.dispatch(job, delay=delay, run_at=run_at)
         envelope, seconds = self._checked(job, delay, run_at)
         self._store.put(envelope, seconds)
         return self._handle_type(envelope.id)
+
+    def divert_dispatches(self, to: StoreQueue | None) -> None:
+        """Make every dispatch through this queue (and its tasks) on ``to`` instead; None ends it.
+
+        For tests (see ``syncjobs.testing``): the app's code dispatches as it
+        does in production, and the test runs what it dispatched. A database
+        queue's ``connection=`` is not used then: the jobs go to ``to`` at once.
+        """
+        self._diverted_to = to
 
     def handle(self, job_id: str) -> JobHandle:
         """A handle of this queue's job ``job_id`` (an id stored earlier, say), to ask its status or result."""
@@ -178,6 +191,8 @@ class StoreQueue:
 
         Every check ``dispatch()`` makes happens here, where the mistake is.
         """
+        if self._diverted_to is not None:
+            return self._diverted_to.prepare(job, delay=delay, run_at=run_at)
         envelope, seconds = self._checked(job, delay, run_at)
         return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds))
 
@@ -296,7 +311,8 @@ class StoreQueue:
         Jobs delayed or waiting for a retry's backoff do not count: what
         ``syncjobs worker --burst`` waits for before it exits.
         """
-        return self._store.drained()
+        # The store first: a run taken after the store has no ready job would make it undrained again.
+        return self._store.drained() and not self._pool.busy()
 
     def wait_finished(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for one of this process's runs to finish."""

@@ -167,6 +167,8 @@ class _Generation:
     executor: ThreadPoolExecutor | None = None
     #: Every worker's slot and future; a spare (see ``WorkerPool._timed_out``) is added under the pool's lock.
     workers: list[tuple[_Slot, concurrent.futures.Future[None]]] = dataclasses.field(default_factory=list)
+    #: Spare workers that could not start (out of threads): each worker tries again after its runs.
+    spares_owed: int = 0
 
 
 class RunLimit:
@@ -254,6 +256,13 @@ class WorkerPool:
             return []
         return [slot.thread for slot, future in generation.workers if slot.thread is not None and not future.done()]
 
+    def busy(self) -> bool:
+        """Whether a worker has taken a job and not yet applied and reported its run (stuck runs timed out aside)."""
+        generation = self._generation
+        if generation is None:
+            return False
+        return any(slot.run is not None and not slot.run.abandoned for slot, _ in list(generation.workers))
+
     def stop_claiming(self) -> None:
         """Take no new job; runs in progress go on, and ``shutdown()`` still ends the workers."""
         with self._lock:
@@ -289,14 +298,17 @@ class WorkerPool:
             return
         self._grace_cut.clear()
         generation = _Generation(threading.Event())
-        # Published before the first worker runs: a job that finishes at once
-        # (and an observer calling stop_claiming() from it) must find it.
-        self._generation = generation
-        if self._workers:
-            executor = ThreadPoolExecutor(self._workers, thread_name_prefix="syncjobs-worker")
-            generation.executor = executor
-            for _ in range(self._workers):
-                self._add_worker(generation, executor)
+        # Under the lock: a run that times out at once adds its spare only
+        # once every worker is listed, and a shutdown finds them all.
+        with self._lock:
+            # Published before the first worker runs: a job that finishes at
+            # once (and an observer calling stop_claiming() from it) must find it.
+            self._generation = generation
+            if self._workers:
+                executor = ThreadPoolExecutor(self._workers, thread_name_prefix="syncjobs-worker")
+                generation.executor = executor
+                for _ in range(self._workers):
+                    self._add_worker(generation, executor)
 
     def _add_worker(self, generation: _Generation, executor: ThreadPoolExecutor) -> None:
         slot = _Slot()
@@ -331,6 +343,8 @@ class WorkerPool:
             stranded = [run for run in taken if run not in unbegun]
             for run in stranded:
                 run.abandoned = True
+            # Read again: spares that took runs timed out meanwhile are waited for too.
+            workers = list(generation.workers)
             # Under the lock, each slot read once: a worker finishing its run
             # clears slot.run at any moment.
             stuck = {id(slot) for slot, _ in workers if _abandoned(slot.run)}
@@ -433,6 +447,8 @@ class WorkerPool:
                 # Shutdown or the run's timeout took it: after a timeout, a
                 # spare worker serves in this one's place.
                 return
+            if generation.spares_owed:
+                self._repay_spares(generation)
 
     def _admit(self, run: _Run, stopping: threading.Event) -> bool:
         """Begin ``run`` unless shutdown has begun or the limit is reached; a run not begun is handed back unspent.
@@ -533,16 +549,34 @@ class WorkerPool:
             run.timeout,
             extra=_extra(envelope),
         )
+        # The spare applies the failure even during a shutdown (its loop then
+        # ends at once): this thread runs no user code and never blocks on the store.
         with self._lock:
             generation = run.generation
-            current = generation is self._generation and not generation.stopping.is_set()
-            if current and self._add_spare(generation, run):
+            if self._add_spare(generation, run):
                 return
-        # Shutting down (whose wait for this thread bounds the write), or no thread could start.
-        self._fail_timed_out(run)
+            if generation is self._generation and not generation.stopping.is_set():
+                generation.spares_owed += 1
+                logger.error(
+                    "no spare worker could start for the timed-out job %s: the pool serves one worker short "
+                    "until one can",
+                    envelope.id,
+                    extra=_extra(envelope),
+                )
+        self._fail_timed_out(run)  # the last resort: here, as no other thread could
 
-    def _add_spare(self, generation: _Generation, timed_out: _Run) -> bool:
-        """Start a worker that fails ``timed_out``, then serves; under ``_lock``. False if it cannot start."""
+    def _repay_spares(self, generation: _Generation) -> None:
+        """Start the spare workers that could not start earlier, while the pool is current."""
+        with self._lock:
+            while generation.spares_owed and generation is self._generation and not generation.stopping.is_set():
+                if not self._add_spare(generation, None):
+                    return
+                generation.spares_owed -= 1
+                if not generation.spares_owed:
+                    logger.info("the worker pool serves at its full width again")
+
+    def _add_spare(self, generation: _Generation, timed_out: _Run | None) -> bool:
+        """Start a worker that fails ``timed_out`` (if any), then serves; under ``_lock``. False if it cannot start."""
         slot = _Slot()
         future: concurrent.futures.Future[None] = concurrent.futures.Future()
 
@@ -550,7 +584,8 @@ class WorkerPool:
             future.set_running_or_notify_cancel()
             try:
                 slot.thread = threading.current_thread()
-                self._fail_timed_out(timed_out)
+                if timed_out is not None:
+                    self._fail_timed_out(timed_out)
                 self._loop(generation, slot)
             except BaseException as exc:  # noqa: BLE001 - a crash of the loop, reported by _report_crash
                 future.set_exception(exc)
@@ -562,7 +597,6 @@ class WorkerPool:
         try:
             thread.start()
         except RuntimeError:  # the interpreter is exiting, or out of threads
-            logger.exception("no spare worker could start for the timed-out job %s", timed_out.envelope.id)
             return False
         future.add_done_callback(_report_crash)
         # Workers that have left (those freed from a timed-out run) are dropped here.

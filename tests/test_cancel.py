@@ -282,8 +282,8 @@ def test_a_job_running_in_another_process_is_cancelled_through_the_database(db_u
         queue.shutdown(grace=0)
 
 
-def test_a_flagged_row_that_goes_back_to_the_queue_ends_cancelled(db_url: str) -> None:
-    """Parked after a failure, or requeued when its worker died, before the holder's heartbeat saw the flag."""
+def test_a_flagged_row_that_goes_back_to_the_queue_or_dies_ends_cancelled(db_url: str) -> None:
+    """Parked, requeued or dead-lettered before the holder's heartbeat saw the flag: cancelled all the same."""
     from syncjobs.database import queries
     from syncjobs.database.dialects import dialect_for
     from tests.test_database import execute
@@ -292,8 +292,10 @@ def test_a_flagged_row_that_goes_back_to_the_queue_ends_cancelled(db_url: str) -
     queue.register(WaitJob)
     try:
         parked, expired = queue.dispatch(WaitJob()), queue.dispatch(WaitJob())
+        dead, dead_expired, poison = queue.dispatch(WaitJob()), queue.dispatch(WaitJob()), queue.dispatch(WaitJob())
+        flagged = (parked, expired, dead, dead_expired, poison)
         claim = f"UPDATE {TEST_TABLE} SET state = 'running', lease_token = ?, lease_owner = 'elsewhere' WHERE id = ?"
-        for job_id in (parked, expired):
+        for job_id in flagged:
             execute(db_url, claim, (f"token-{job_id}", str(job_id)))
             assert queue.cancel(job_id) is True  # requested: another process holds it
             assert state_of(job_id) == "running"
@@ -308,7 +310,13 @@ def test_a_flagged_row_that_goes_back_to_the_queue_ends_cancelled(db_url: str) -
             dialect.sql(queries.REQUEUE_EXPIRED, TEST_TABLE).replace(dialect.placeholder, "?"),
             (1, str(expired)),
         )
-        for job_id in (parked, expired):
+        for statement, values in (
+            (queries.DEAD, (1, "failed", str(dead), f"token-{dead}")),
+            (queries.DEAD_EXPIRED, (1, "failed", str(dead_expired))),
+            (queries.POISON, (1, 1, "cannot be read", str(poison), f"token-{poison}")),
+        ):
+            execute(db_url, dialect.sql(statement, TEST_TABLE).replace(dialect.placeholder, "?"), values)
+        for job_id in flagged:
             status = queue.status(job_id)
             assert status is not None
             assert (status.state, status.finished) == ("cancelled", True)

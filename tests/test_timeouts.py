@@ -127,6 +127,77 @@ def test_shutdown_does_not_wait_for_a_worker_stuck_in_a_timed_out_run(make_queue
         stuck.release.set()
 
 
+def test_a_run_timed_out_during_the_shutdown_grace_is_failed_off_the_deadline_thread(
+    make_queue: QueueFactory,
+) -> None:
+    """The deadline thread serves every other deadline: a dead letter's callback never runs on it."""
+    queue = make_queue(workers=1)
+    queue.register(TimedOnce)
+    threads: list[str] = []
+    queue.on_dead_letter(lambda letter: threads.append(threading.current_thread().name))
+    stuck = Probe("block")
+    try:
+        queue.start()
+        queue.dispatch(TimedOnce(stuck.id))
+        stuck.wait_runs(1)
+        # The grace outlasts the timeout: the run times out while shutdown waits for it.
+        stopper = threading.Thread(target=queue.shutdown, kwargs={"grace": WAIT})
+        stopper.start()
+        stopper.join(WAIT)
+        assert not stopper.is_alive()
+        assert len(threads) == 1, "the failure is applied before shutdown returns"
+        assert threads[0] != "syncjobs-deadlines"
+    finally:
+        stuck.release.set()
+
+
+class _NoSpares(threading.Thread):
+    """A spare worker's thread cannot start while ``REFUSE`` is set, as when a process is out of threads."""
+
+    REFUSE = threading.Event()
+
+    def start(self) -> None:
+        if self.REFUSE.is_set() and self.name.startswith("syncjobs-worker-spare"):
+            raise RuntimeError("can't start new thread")
+        super().start()
+
+
+def test_a_spare_that_cannot_start_is_started_later_so_the_pool_regains_its_width(
+    make_queue: QueueFactory, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make_queue(workers=2)
+    queue.register(TimedOnce)
+    queue.register(Meet)
+    queue.register(ProbeJob)
+    letters = dead_letters(queue)
+    stuck, after = Probe("block"), Probe()
+    key = uuid.uuid4().hex
+    BARRIERS[key] = threading.Barrier(3)
+    monkeypatch.setattr(threading, "Thread", _NoSpares)
+    try:
+        with queue:
+            _NoSpares.REFUSE.set()
+            queue.dispatch(TimedOnce(stuck.id))
+            wait_until(lambda: len(letters) == 1, what="the timed-out run's dead letter, written without a spare")
+            assert any("no spare worker could start" in r.getMessage() for r in caplog.records)
+            _NoSpares.REFUSE.clear()
+            # The one worker still serving starts the missing spare after its next run.
+            queue.dispatch(ProbeJob(after.id))
+            after.wait_finished(1)
+            wait_until(
+                lambda: any("full width again" in r.getMessage() for r in caplog.records),
+                what="the spare to start",
+            )
+            queue.dispatch(Meet(key))
+            queue.dispatch(Meet(key))
+            BARRIERS[key].wait(WAIT)  # two workers serve again, beside the stuck one
+            assert queue.join(WAIT)
+    finally:
+        _NoSpares.REFUSE.clear()
+        stuck.release.set()
+        BARRIERS.pop(key).abort()
+
+
 def test_the_job_then_the_task_then_the_queue_decides_the_timeout(backend: Backend) -> None:
     clock = FakeClock(0.0)
     queue = backend.make(workers=3, clock=clock, timeout=100.0)

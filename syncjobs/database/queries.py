@@ -18,6 +18,8 @@ LEASED = "('running', 'claimed')"
 # A row going back to the queue that cancel() flagged meanwhile ends cancelled instead.
 REQUEUED_STATE = "CASE WHEN cancel_requested > 0 THEN 'cancelled' ELSE 'queued' END"
 REQUEUED_FINISHED = "CASE WHEN cancel_requested > 0 THEN {now} ELSE finished_at END"
+# A run whose cancel was asked for ends cancelled even when it failed for good.
+DEAD_STATE = "CASE WHEN cancel_requested > 0 THEN 'cancelled' ELSE 'dead' END"
 CLAIM_STATE = "CASE WHEN lease_token IS NULL THEN ? ELSE 'running' END"
 
 # A dispatch is INSERT_INTO followed by one INSERT_ROW per job, comma-separated.
@@ -109,18 +111,18 @@ REQUEUE_EXPIRED = (
 )
 
 DEAD_EXPIRED = (
-    "UPDATE {table} SET state = 'dead', attempt = ?, error = ?, finished_at = {now}, "
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, error = ?, finished_at = {now}, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
 )
 
 # A row that cannot be decoded: dead, with what could be read of its counts
 # written back as numbers, so that the dead-letter views can read it.
 POISON = (
-    "UPDATE {table} SET state = 'dead', attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
 )
 POISON_EXPIRED = (
-    "UPDATE {table} SET state = 'dead', attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
 )
 
@@ -142,7 +144,7 @@ PARK = (
 )
 
 DEAD = (
-    "UPDATE {table} SET state = 'dead', attempt = ?, error = ?, finished_at = {now}, "
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, error = ?, finished_at = {now}, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
 )
 
