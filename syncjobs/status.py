@@ -46,6 +46,13 @@ class Progress:
         """``done / total`` (at most 1), or None without a total."""
         return None if self.total is None else min(1.0, self.done / self.total)
 
+    def __str__(self) -> str:
+        """``3 of 10 (30%) resizing``, as ``syncjobs show`` and the admin show it."""
+        done = f"{self.done:g}" + ("" if self.total is None else f" of {self.total:g}")
+        fraction = self.fraction
+        shown = done if fraction is None else f"{done} ({fraction:.0%})"
+        return f"{shown} {self.note}".rstrip()
+
     def to_json(self) -> str:
         return json.dumps({"done": self.done, "total": self.total, "note": self.note}, separators=(",", ":"))
 

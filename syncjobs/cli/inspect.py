@@ -11,7 +11,7 @@ from typing import TextIO
 
 from ..database.admin import DeadRow, Stats, TableAdmin
 from ..errors import QueueError
-from ..status import JobStatus, Progress
+from ..status import JobStatus
 from .table import human_seconds, parse_duration, render
 from .target import DEFAULT_TABLE, CommandError, check_reachable, database_url, load_app
 
@@ -164,17 +164,10 @@ def _status_fields(status: JobStatus) -> dict[str, object]:
         "started": _iso(status.started_at),
         "finished": _iso(status.finished_at),
         "due": _iso(status.run_at),
-        "progress": None if progress is None else _progress_text(progress),
+        "progress": None if progress is None else str(progress),
         "error": status.error,
         "result": status.result,
     }
-
-
-def _progress_text(progress: Progress) -> str:
-    done = f"{progress.done:g}" + ("" if progress.total is None else f" of {progress.total:g}")
-    fraction = progress.fraction
-    shown = done if fraction is None else f"{done} ({fraction:.0%})"
-    return f"{shown} {progress.note}".rstrip()
 
 
 def _iso(moment: datetime.datetime | None) -> str | None:

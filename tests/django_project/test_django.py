@@ -33,6 +33,7 @@ import syncjobs.contrib.django as sj
 from syncjobs.contrib.django import conf
 from syncjobs.contrib.django.models import QueuedJob, TaskResultRecord
 from syncjobs.contrib.django.tasks import RunTask
+from syncjobs.status import Progress
 from tests.django_project.forwarder import Forwarder
 from tests.django_project.shop import jobs
 from tests.django_project.shop.models import Order
@@ -231,6 +232,42 @@ def test_the_admin_lists_filters_searches_and_acts_on_dead_letters(alias: str) -
     assert response.status_code == 302
     assert QueuedJob.objects.using(alias).filter(id=dead_id).count() == 0
     assert QueuedJob.objects.using(alias).filter(id=live_id).count() == 1  # not a dead letter: kept
+
+
+def test_the_admin_cancels_waiting_jobs_and_shows_progress(alias: str) -> None:
+    queue = sj.get_queue()
+    waiting = queue.dispatch(jobs.ConfirmOrder(number="later", database=alias), delay=3600)
+    dead = queue.dispatch(jobs.ConfirmOrder(number="nowhere", database=alias))
+    run_worker()
+    report = Progress(3, 10, "three <b>")
+    QueuedJob.objects.using(alias).filter(id=waiting).update(progress=report.to_json())
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+    base = "/admin/syncjobs/queuedjob/"
+    page = client.get(base).content.decode()
+    assert "3 of 10 (30%) three &lt;b&gt;" in page
+    response = client.post(base, {"action": "cancel_jobs", "_selected_action": [waiting, dead]}, follow=True)
+    assert "1 job(s) cancelled" in response.content.decode()
+    assert sorted(job_rows(alias)) == [("shop.confirm_order", "cancelled", 0), ("shop.confirm_order", "dead", 1)]
+    status = queue.status(waiting)
+    assert status is not None
+    assert status.state == "cancelled"
+
+
+def test_the_admin_lists_finished_jobs_with_their_result_and_progress(alias: str) -> None:
+    handle = jobs.measure.dispatch("<script>alert(1)</script>")
+    run_worker()
+    assert handle.result(0) == {"label": "<script>alert(1)</script>"}
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+    base = "/admin/syncjobs/finishedjob/"
+    page = client.get(base).content.decode()
+    assert handle in page
+    assert "2 of 4 (50%) halfway" in page
+    detail = client.get(f"{base}{handle}/change/").content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in detail  # the result, escaped
+    assert "<script>alert(1)" not in detail
+    assert client.get(base, {"q": handle}).content.decode().count(handle) >= 1
 
 
 def test_dead_letter_callbacks_reach_the_worker_commands_queues(alias: str) -> None:

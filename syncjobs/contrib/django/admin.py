@@ -1,11 +1,14 @@
-"""The jobs table in the Django admin: browse, filter, search by id; retry or purge dead letters.
+"""The jobs tables in the Django admin: browse, filter, search by id; cancel jobs; retry or purge dead letters.
 
-Read-only: a job's payload is shown, never edited. Needs ``"DATABASE"`` in
-settings.SYNCJOBS (the table must be one of Django's databases).
+Read-only: a job's payload is shown, never edited. Jobs waiting, running,
+dead or cancelled are in the jobs table; done jobs' records (with their
+results, for ``keep_result`` seconds) in its results table. Needs
+``"DATABASE"`` in settings.SYNCJOBS (the tables must be in one of Django's databases).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -16,16 +19,36 @@ from django.utils.html import format_html
 
 from ...database import DatabaseJobQueue
 from . import conf, get_queue
-from .models import QueuedJob
+from .models import FinishedJob, QueuedJob
+
+
+class _JobRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Rows of syncjobs' tables, in the database settings.SYNCJOBS names: never added, edited or deleted here."""
+
+    list_filter = ("queue", "state", "name")
+    search_fields = ("=id",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        rows: QuerySet[Any] = super().get_queryset(request).using(conf.read().database or "default")
+        return rows
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # rows belong to workers; dead letters go through the purge action
+
+    @admin.display(description="progress")
+    def progress_shown(self, job: QueuedJob | FinishedJob) -> str:
+        progress = job.reported_progress
+        return "" if progress is None else str(progress)
 
 
 @admin.register(QueuedJob)
-class QueuedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    list_display = ("id", "name", "queue", "state", "runs", "due", "short_error")
-    list_filter = ("queue", "state", "name")
-    search_fields = ("=id",)
+class QueuedJobAdmin(_JobRecordAdmin):
+    list_display = ("id", "name", "queue", "state", "runs", "due", "progress_shown", "short_error")
     ordering = ("run_at", "id")
-    actions = ("retry_dead_letters", "purge_dead_letters")
+    actions = ("cancel_jobs", "retry_dead_letters", "purge_dead_letters")
     fields = (
         "id",
         "name",
@@ -34,7 +57,10 @@ class QueuedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "runs",
         "due",
         "created",
+        "started",
         "finished",
+        "progress_shown",
+        "cancel_asked",
         "error",
         "pretty_payload",
         "context",
@@ -42,24 +68,18 @@ class QueuedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     )
     readonly_fields = fields
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[QueuedJob]:
-        jobs: QuerySet[QueuedJob] = super().get_queryset(request).using(conf.read().database or "default")
-        return jobs
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # The list's actions need "change"; a job's own page is view-only, so
         # that no save ever writes a stale copy over a row a worker owns.
         return obj is None and super().has_change_permission(request)
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # rows belong to workers; dead letters go through the purge action
-
     @admin.display(description="runs")
     def runs(self, job: QueuedJob) -> str:
         return f"{job.attempt} of {job.max_attempts}"
+
+    @admin.display(description="cancel asked", boolean=True)
+    def cancel_asked(self, job: QueuedJob) -> bool:
+        return bool(job.cancel_requested)
 
     @admin.display(description="error")
     def short_error(self, job: QueuedJob) -> str:
@@ -68,11 +88,19 @@ class QueuedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.display(description="payload")
     def pretty_payload(self, job: QueuedJob) -> str:
-        try:
-            text = json.dumps(json.loads(job.payload), indent=2, sort_keys=True)
-        except ValueError:
-            text = job.payload
-        return format_html("<pre>{}</pre>", text)
+        return _pretty_json(job.payload)
+
+    @admin.action(description="Cancel the selected jobs", permissions=["change"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[QueuedJob]) -> None:
+        """As ``queue.cancel(id)``: a waiting job ends cancelled now, a running one when its worker hears of it."""
+        queue = get_queue()
+        ids = list(queryset.filter(state__in=("queued", "claimed", "running")).values_list("id", flat=True))
+        cancelled = sum(1 for job_id in ids if queue.cancel(job_id))
+        self.message_user(
+            request,
+            f"{cancelled} job(s) cancelled (a running job ends cancelled once its worker sees the request).",
+            messages.SUCCESS,
+        )
 
     @admin.action(description="Retry the selected dead letters (fresh attempts)", permissions=["change"])
     def retry_dead_letters(self, request: HttpRequest, queryset: QuerySet[QueuedJob]) -> None:
@@ -88,3 +116,41 @@ class QueuedJobAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def purge_dead_letters(self, request: HttpRequest, queryset: QuerySet[QueuedJob]) -> None:
         deleted, _ = queryset.filter(state="dead").delete()
         self.message_user(request, f"{deleted} dead letter(s) purged.", messages.SUCCESS)
+
+
+@admin.register(FinishedJob)
+class FinishedJobAdmin(_JobRecordAdmin):
+    """Done and kept: each job's runs, times, last progress and result, until its record expires."""
+
+    list_display = ("id", "name", "queue", "state", "attempts", "finished", "progress_shown")
+    fields = (
+        "id",
+        "name",
+        "queue",
+        "state",
+        "attempts",
+        "max_attempts",
+        "created",
+        "started",
+        "finished",
+        "expires",
+        "progress_shown",
+        "pretty_result",
+    )
+    readonly_fields = fields
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # records only: the workers prune them once expired
+
+    @admin.display(description="result")
+    def pretty_result(self, job: FinishedJob) -> str:
+        return _pretty_json(job.result)
+
+
+def _pretty_json(text: str | None) -> str:
+    """JSON text indented in a ``<pre>``, escaped (a payload may hold markup)."""
+    if text is None:
+        return ""
+    with contextlib.suppress(ValueError):  # not JSON after all: shown as it is
+        text = json.dumps(json.loads(text), indent=2, sort_keys=True)
+    return format_html("<pre>{}</pre>", text)

@@ -7,29 +7,57 @@ from typing import Any
 
 from django.db import models
 
+from ...status import Progress
+
 
 def _moment(epoch: float | None) -> datetime.datetime | None:
     return None if epoch is None else datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc)
 
 
-class QueuedJob(models.Model):
-    """A row of syncjobs' own table: unmanaged, since its schema is syncjobs' (see the migration)."""
+class _JobRecord(models.Model):
+    """What the jobs table and its results table share; both are syncjobs' own, so unmanaged."""
 
     id = models.CharField(primary_key=True, max_length=64)
     queue = models.CharField(max_length=100)
     name = models.CharField(max_length=200)
+    state = models.CharField(max_length=10)
+    max_attempts = models.IntegerField()
+    progress = models.TextField(null=True)
+    created_at = models.FloatField()
+    started_at = models.FloatField(null=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+    @property
+    def created(self) -> datetime.datetime | None:
+        return _moment(self.created_at)
+
+    @property
+    def started(self) -> datetime.datetime | None:
+        return _moment(self.started_at)
+
+    @property
+    def reported_progress(self) -> Progress | None:
+        return Progress.from_json(self.progress)
+
+
+class QueuedJob(_JobRecord):
+    """A row of syncjobs' jobs table (see the migrations for its schema)."""
+
     payload = models.TextField()
     context = models.TextField(null=True)
-    state = models.CharField(max_length=10)
     attempt = models.IntegerField()
-    max_attempts = models.IntegerField()
     run_at = models.FloatField()
     lease_owner = models.CharField(max_length=64, null=True)
     lease_token = models.CharField(max_length=64, null=True)
     lease_expires = models.FloatField(null=True)
     error = models.TextField(null=True)
-    created_at = models.FloatField()
     finished_at = models.FloatField(null=True)
+    cancel_requested = models.IntegerField(null=True)
 
     class Meta:
         managed = False
@@ -37,20 +65,36 @@ class QueuedJob(models.Model):
         ordering = ("run_at", "id")
         verbose_name = "job"
 
-    def __str__(self) -> str:
-        return f"{self.name} ({self.id})"
-
     @property
     def due(self) -> datetime.datetime | None:
         return _moment(self.run_at)
 
     @property
-    def created(self) -> datetime.datetime | None:
-        return _moment(self.created_at)
+    def finished(self) -> datetime.datetime | None:
+        return _moment(self.finished_at)
+
+
+class FinishedJob(_JobRecord):
+    """A done job's record in syncjobs' results table, kept ``keep_result`` seconds."""
+
+    attempts = models.IntegerField()
+    result = models.TextField(null=True)
+    finished_at = models.FloatField()
+    expires_at = models.FloatField()
+
+    class Meta:
+        managed = False
+        db_table = "syncjobs_jobs_results"
+        ordering = ("-finished_at", "id")
+        verbose_name = "finished job"
 
     @property
     def finished(self) -> datetime.datetime | None:
         return _moment(self.finished_at)
+
+    @property
+    def expires(self) -> datetime.datetime | None:
+        return _moment(self.expires_at)
 
 
 class TaskResultRecord(models.Model):

@@ -47,6 +47,15 @@ def confirm(number: str, *, database: str = "default") -> None:
         raise syncjobs.Fatal(f"no order {number}")
 
 
+@syncjobs.contrib.django.task(name="shop.measure")
+def measure(label: str) -> dict[str, str]:
+    """Reports its progress and returns a value, for the admin's finished jobs."""
+    job = syncjobs.current_job()
+    assert job is not None
+    job.progress(2, 4, "halfway")
+    return {"label": label}
+
+
 @task
 def add(a: int, b: int) -> int:
     return a + b
