@@ -174,33 +174,34 @@ def wait_for_result(
         raise ValueError(f"timeout must be seconds >= 0 or None, got {timeout!r}")
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = _FIRST_LOOK
+    seen = False
     while True:
         found = status(job_id)
         remaining = None if deadline is None else deadline - time.monotonic()
         if found is None:
             made = created_at(job_id)
             # A job made moments ago may not be there yet: dispatched in a
-            # transaction not yet committed, or on_commit in Django.
-            young = made is not None and 0 <= time.time() - made < UNSEEN_GRACE
+            # transaction not yet committed, or on_commit in Django. One seen
+            # already has finished, and its record was not kept.
+            young = not seen and made is not None and 0 <= time.time() - made < UNSEEN_GRACE
             if not young or (remaining is not None and remaining <= 0):
                 raise JobNotFound(
                     f"job {job_id}: no record of it (never dispatched to this queue, not committed yet, or "
                     "finished more than its keep_result ago)"
                 )
-            wait(pause if remaining is None else min(pause, remaining))
-            pause = min(pause * 2, _LONGEST_PAUSE)
-            continue
-        if found.state == "done":
+        elif found.state == "done":
             return found.result
-        if found.state == "cancelled":
+        elif found.state == "cancelled":
             raise JobCancelled(f"job {found.name!r} ({job_id}) was cancelled", found)
-        if found.state == "dead":
+        elif found.state == "dead":
             raise JobFailed(
                 f"job {found.name!r} ({job_id}) is dead after {found.attempts} of {found.max_attempts} runs: "
                 f"{found.error}",
                 found,
             )
-        if remaining is not None and remaining <= 0:
+        elif remaining is not None and remaining <= 0:
             raise TimeoutError(f"job {found.name!r} ({job_id}) has not finished after {timeout}s: it is {found.state}")
+        else:
+            seen = True
         wait(pause if remaining is None else min(pause, remaining))
         pause = min(pause * 2, _LONGEST_PAUSE)

@@ -356,6 +356,7 @@ class _RecordingDatabase:
 
         class Cursor:
             rowcount = 1
+            description = None  # an UPDATE's: no rows to read
 
             def execute(self, sql: str, params: Any = ()) -> None:
                 database.statements.append(sql)

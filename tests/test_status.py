@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import datetime
 import json
+import sys
 import threading
 import time
 import uuid
@@ -225,6 +226,43 @@ def test_with_keep_result_zero_a_done_job_leaves_no_record(make_queue: QueueFact
         handle.result(0)
 
 
+def test_waiting_for_a_job_whose_record_is_not_kept_ends_when_it_finishes(
+    make_queue: QueueFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen running, then gone: JobNotFound at once, not after the grace that a job not yet committed gets."""
+    queue = queue_with(make_queue, keep_result=0, workers=1)
+    probe = Probe("block")
+    outcome: list[BaseException] = []
+    seen = threading.Event()
+    status = queue.status
+
+    def looked(job_id: str) -> syncjobs.JobStatus | None:
+        found = status(job_id)
+        if found is not None:
+            seen.set()
+        return found
+
+    monkeypatch.setattr(queue, "status", looked)
+
+    def wait() -> None:
+        try:
+            handle.result(None)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the test to check
+            outcome.append(exc)
+
+    with queue:
+        handle = queue.dispatch(ProbeJob(probe.id))
+        probe.wait_runs(1)
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        assert seen.wait(WAIT), "the waiter saw the job running"
+        probe.release.set()
+        waiter.join(WAIT)  # well within the 30 s an unseen young id is waited for
+        assert not waiter.is_alive()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], JobNotFound)
+
+
 def test_a_jobs_own_keep_result_beats_the_queues(make_queue: QueueFactory) -> None:
     queue = queue_with(make_queue, keep_result=0)
 
@@ -425,3 +463,41 @@ def test_a_populated_version_3_table_gains_started_at_and_results(db_url: str) -
     finally:
         queue.shutdown(grace=0)
         drop_tables(db_url, table)
+
+
+def _in_condition_wait(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is blocked in a ``threading.Condition.wait`` now."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code is threading.Condition.wait.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.timeout(120)
+def test_on_postgresql_a_waiter_is_woken_by_the_notify_of_another_process_finishing(server_url: str) -> None:
+    """The end of a job in a worker process wakes wait_finished() here, which result() waits in, at once."""
+    if not server_url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL has NOTIFY; elsewhere result() polls with backoff")
+    name = f"q-{uuid.uuid4().hex[:10]}"
+    queue = syncjobs.DatabaseJobQueue(server_url, queue=name, table=TEST_TABLE, workers=0)
+    queue.register(SumJob)
+    workers = Workers(server_url, name, table=TEST_TABLE)
+    try:
+        workers.spawn()
+        # The first wait starts the listener, which wakes it once it LISTENs.
+        queue.wait_finished(WAIT)
+        for numbers in ([1, 2], [-1]):  # one done (by the completer), one dead (by its fenced write)
+            waiter = threading.Thread(target=queue.wait_finished, args=(600,))  # far past any poll
+            waiter.start()
+            wait_until(lambda: _in_condition_wait(waiter), what="the waiter to wait")  # noqa: B023
+            handle = queue.dispatch(SumJob(numbers))
+            waiter.join(WAIT)
+            assert not waiter.is_alive(), f"the end of {numbers} woke the waiter"
+            status = handle.status()
+            assert status is not None
+            assert status.finished
+    finally:
+        workers.stop()
+        queue.shutdown(grace=0)

@@ -303,6 +303,8 @@ class OutcomeWriter:
 
             def execute(cursor: Any, sql: str = sql, params: tuple[Any, ...] = params) -> int:
                 cursor.execute(sql, params)
+                if cursor.description is not None:  # a write that also notifies: it selects the rows it changed
+                    return int(cursor.fetchone()[0])
                 return int(cursor.rowcount)
 
             try:

@@ -215,6 +215,12 @@ CANCELLED = (
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
 )
 # Cancelled jobs stay in the jobs table (as dead letters do) until pruned.
+# PostgreSQL: an end that result() may wait for, with the NOTIFY that wakes it
+# (the rows it changed, as a fenced write counts them).
+DEAD_NOTIFY = "WITH changed AS (" + DEAD + " RETURNING 1) SELECT (SELECT COUNT(*) FROM changed), pg_notify(?, '')"
+CANCELLED_NOTIFY = (
+    "WITH changed AS (" + CANCELLED + " RETURNING 1) SELECT (SELECT COUNT(*) FROM changed), pg_notify(?, '')"
+)
 CANCELLED_PRUNE = "DELETE FROM {table} WHERE queue = ? AND state = 'cancelled' AND finished_at < {now_once} - ?"
 PROGRESS = "UPDATE {table} SET progress = ? WHERE id = ? AND lease_token = ?"
 
@@ -234,7 +240,8 @@ COMPLETE_RECORD_COUNT = (
     "{now} + keep FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
     "counted AS (INSERT INTO {table}_done (queue, bucket, done) SELECT ?, ?, COUNT(*) FROM gone "
     "HAVING COUNT(*) > 0 ON CONFLICT (queue, bucket) DO UPDATE SET done = {table}_done.done + excluded.done) "
-    "SELECT COUNT(*) FROM gone"
+    # The NOTIFY wakes result() waiting in any process; delivered at commit, one per batch.
+    "SELECT (SELECT COUNT(*) FROM gone), pg_notify(?, '')"
 )
 COUNT_DONE = (
     "INSERT INTO {table}_done (queue, bucket, done) VALUES (?, ?, ?) "

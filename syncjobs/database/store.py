@@ -107,6 +107,9 @@ class DatabaseStore:
         self._waker = Waker(self._wake_directory)
         self._wake_listener: WakeListener | None = None
         self._finished = threading.Condition()
+        # PostgreSQL: the LISTEN for other processes' job ends, started by the first wait_finished().
+        self._ends_loop: Loop | None = None
+        self._ends_lock = threading.Lock()
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
         self.on_expired_dead: Callable[[ClaimedEnvelope, str], None] = lambda envelope, error: None
         #: Called with the id of a row this process holds that cancel() flagged (by the heartbeat, each beat).
@@ -225,6 +228,11 @@ class DatabaseStore:
     def channel(self) -> str:
         return notify_channel(self.table, self.queue)
 
+    @property
+    def finished_channel(self) -> str:
+        """PostgreSQL: the channel on which the ends of this queue's jobs are announced, for ``result()``."""
+        return f"{self.channel}_end"
+
     # -- the worker loop's calls ------------------------------------------
 
     def claim(self, stopping: threading.Event) -> Envelope | None:
@@ -232,8 +240,7 @@ class DatabaseStore:
 
     def _settled(self, envelopes: list[ClaimedEnvelope]) -> None:
         self._fetcher.settled(envelopes)
-        with self._finished:
-            self._finished.notify_all()
+        self._announce_finish()
 
     # Outcomes go through the outcome writer's thread: no worker (and no
     # shutdown) waits on the database for longer than a bound. Settled once
@@ -249,7 +256,7 @@ class DatabaseStore:
 
     def cancelled(self, envelope: Envelope, progress: str | None) -> None:
         claimed = _claimed(envelope)
-        self._fenced("CANCELLED", (claimed.attempt, progress, claimed.id, claimed.lease), claimed)
+        self._fenced_end("CANCELLED", (claimed.attempt, progress, claimed.id, claimed.lease), claimed)
 
     def progress(self, envelope: Envelope, progress: Progress) -> None:
         claimed = _claimed(envelope)
@@ -283,7 +290,7 @@ class DatabaseStore:
         # Waited for (within a bound): the dead-letter callbacks run after, and
         # pending_count() should already be down then.
         claimed = _claimed(envelope)
-        self._fenced("DEAD", (claimed.attempt, error, claimed.id, claimed.lease), claimed)
+        self._fenced_end("DEAD", (claimed.attempt, error, claimed.id, claimed.lease), claimed)
 
     def wake(self, count: int) -> None:
         self._fetcher.wake(count)
@@ -294,6 +301,13 @@ class DatabaseStore:
         writer = self._writer
         bound = writer.try_bound if wait is None else wait
         writer.write(envelope, self._sql[query], params, wait=bound)
+
+    def _fenced_end(self, query: str, params: tuple[Any, ...], envelope: ClaimedEnvelope) -> None:
+        """A job's end: on PostgreSQL with the NOTIFY that wakes ``result()`` in other processes."""
+        if self.dialect is POSTGRES:
+            self._fenced(f"{query}_NOTIFY", (*params, self.finished_channel), envelope)
+        else:
+            self._fenced(query, params, envelope)
 
     # -- counting and waiting ------------------------------------------------
 
@@ -324,9 +338,41 @@ class DatabaseStore:
         return idle() == before
 
     def wait_finished(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for one of this process's jobs to finish."""
+        """Wait up to ``timeout`` for one of this process's jobs to finish (on PostgreSQL, any process's)."""
+        if self.dialect is POSTGRES:
+            self._listen_for_ends()
         with self._finished:
             self._finished.wait(timeout)
+
+    def _listen_for_ends(self) -> None:
+        """Start, once, the thread that LISTENs for the ends of this queue's jobs and wakes the waiters.
+
+        Only when something waits (``result()``), and in any process, a web
+        app's that never starts workers too; ``close()`` stops it.
+        """
+        with self._ends_lock:  # result() waits seconds between looks: the lock costs nothing there
+            if self._ends_loop is not None:
+                return
+            listener = Listener(
+                self.connector.connect,
+                channel=self.finished_channel,
+                kick=self._announce_finish,
+                poll_interval=self.poll_interval,
+            )
+            loop = Loop("syncjobs-result-listener", listener.loop, listener.abort)
+            loop.start()
+            self._ends_loop = loop
+
+    def _stop_listening_for_ends(self, deadline: float) -> None:
+        with self._ends_lock:
+            ends, self._ends_loop = self._ends_loop, None
+        if ends is not None:
+            ends.stop()
+            ends.join(deadline)
+
+    def _announce_finish(self) -> None:
+        with self._finished:
+            self._finished.notify_all()
 
     def wait_empty(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -418,6 +464,7 @@ class DatabaseStore:
         """
         if deadline is None:
             deadline = time.monotonic() + 5.0
+        self._stop_listening_for_ends(deadline)
         writer = self._writer
         writer.flush_deadline = deadline
         if self._heartbeat is not None:
@@ -475,7 +522,7 @@ class DatabaseStore:
             progress = [envelope.progress for envelope in batch]
 
             def complete(cursor: Any) -> int:
-                params = (ids, tokens, results, keeps, progress, self.queue, int(time.time()))
+                params = (ids, tokens, results, keeps, progress, self.queue, int(time.time()), self.finished_channel)
                 cursor.execute(self._sql["COMPLETE_RECORD_COUNT"], params)
                 row = cursor.fetchone()
                 return int(row[0]) if row else 0
