@@ -133,14 +133,15 @@ class StoreQueue:
         self._store.put(envelope, seconds)
         return self._handle_type(envelope.id)
 
-    def divert_dispatches(self, to: StoreQueue | None) -> None:
-        """Make every dispatch through this queue (and its tasks) on ``to`` instead; None ends it.
+    def divert_dispatches(self, to: StoreQueue | None) -> StoreQueue | None:
+        """Make every dispatch through this queue (and its tasks) on ``to`` instead; None ends it. Returns the last.
 
         For tests (see ``syncjobs.testing``): the app's code dispatches as it
         does in production, and the test runs what it dispatched. A database
         queue's ``connection=`` is not used then: the jobs go to ``to`` at once.
         """
-        self._diverted_to = to
+        before, self._diverted_to = self._diverted_to, to
+        return before
 
     def handle(self, job_id: str) -> JobHandle:
         """A handle of this queue's job ``job_id`` (an id stored earlier, say), to ask its status or result."""

@@ -108,12 +108,12 @@ class TestQueue(InMemoryJobQueue):
         """
         test_queue = cls(**options)
         test_queue.share_jobs_of(queue)
-        queue.divert_dispatches(test_queue)
+        before = queue.divert_dispatches(test_queue)
         try:
             with test_queue:
                 yield test_queue
         finally:
-            queue.divert_dispatches(None)
+            queue.divert_dispatches(before)
 
     def __enter__(self) -> TestQueue:  # unlike a queue's, entering does not start the workers
         return self
@@ -165,6 +165,8 @@ class TestQueue(InMemoryJobQueue):
             parked = self.parked()
             if not (retries and parked):
                 break
+            if time.monotonic() >= deadline:  # jobs that keep dispatching more, say
+                raise TimeoutError(f"the jobs dispatched did not end within {timeout:g}s")
             self.clock.advance(max(0.0, parked[0][0] - self.clock()))
         with self._record_lock:
             return self.reports[seen:]

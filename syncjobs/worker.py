@@ -217,7 +217,8 @@ class WorkerPool:
         # Guards start, stop and shutdown against each other; workers never
         # take it. A run's outcome is applied by whichever of the worker or
         # shutdown pops it from _running (dict.pop is atomic).
-        self._lock = threading.Lock()
+        # Re-entrant: a signal handler that calls shutdown() while start() holds it must not deadlock.
+        self._lock = threading.RLock()
         self._running: dict[_Run, None] = {}
         #: (id, lease) of runs cancel() asked for that were not found running here (yet): see cancel_run().
         self._cancel_ids: set[tuple[str, str | None]] = set()
@@ -334,6 +335,8 @@ class WorkerPool:
         self._store.wake(len(workers))
         # One deadline shared by all workers, not grace per worker.
         self._wait_for_workers(workers, deadline)
+        # No run times out from here on: a spare that one timed out just now is listed below.
+        self._deadlines.stop()
         with self._lock:
             taken = [run for run in list(self._running) if self._running.pop(run, _GONE) is not _GONE]
             for run in taken:
@@ -343,7 +346,7 @@ class WorkerPool:
             stranded = [run for run in taken if run not in unbegun]
             for run in stranded:
                 run.abandoned = True
-            # Read again: spares that took runs timed out meanwhile are waited for too.
+            # Read again: spares that fail runs timed out meanwhile are waited for too.
             workers = list(generation.workers)
             # Under the lock, each slot read once: a worker finishing its run
             # clears slot.run at any moment.
@@ -354,7 +357,8 @@ class WorkerPool:
         # or a job meant for the next start(); only workers stuck in an
         # abandoned run are left behind, and those never claim again.
         idle = [future for slot, future in workers if id(slot) not in stuck]
-        concurrent.futures.wait(idle, timeout=_IDLE_EXIT_BOUND)
+        # What is left of the grace, for a spare writing a timed-out run's failure.
+        concurrent.futures.wait(idle, timeout=max(_IDLE_EXIT_BOUND, deadline - time.monotonic()))
         try:
             for run in unbegun:
                 if run.cancelled_by_user:
@@ -445,7 +449,10 @@ class WorkerPool:
                 slot.run = None
             if not applied:
                 # Shutdown or the run's timeout took it: after a timeout, a
-                # spare worker serves in this one's place.
+                # spare worker serves in this one's place, unless none could
+                # start: then this one, now free, serves again.
+                if generation.spares_owed and self._serve_as_owed_spare(generation):
+                    continue
                 return
             if generation.spares_owed:
                 self._repay_spares(generation)
@@ -538,9 +545,6 @@ class WorkerPool:
         self._took(run)
         run.abandoned = True
         run.info.cancel()
-        wake = self._shutdown_wake
-        if wake is not None:  # a shutdown waits for this worker: no longer
-            wake.set()
         envelope = run.envelope
         logger.warning(
             "job %s (%s) timed out after %gs: cancelled, and whatever it does from now on is ignored",
@@ -553,8 +557,14 @@ class WorkerPool:
         # ends at once): this thread runs no user code and never blocks on the store.
         with self._lock:
             generation = run.generation
-            if self._add_spare(generation, run):
-                return
+            added = self._add_spare(generation, run)
+        # Once the spare is listed: a shutdown waiting for this worker no longer does, and waits for the spare.
+        wake = self._shutdown_wake
+        if wake is not None:
+            wake.set()
+        if added:
+            return
+        with self._lock:
             if generation is self._generation and not generation.stopping.is_set():
                 generation.spares_owed += 1
                 logger.error(
@@ -564,6 +574,14 @@ class WorkerPool:
                     extra=_extra(envelope),
                 )
         self._fail_timed_out(run)  # the last resort: here, as no other thread could
+
+    def _serve_as_owed_spare(self, generation: _Generation) -> bool:
+        """A worker freed from a timed-out run takes the place of a spare that could not start."""
+        with self._lock:
+            if not generation.spares_owed or generation is not self._generation or generation.stopping.is_set():
+                return False
+            generation.spares_owed -= 1
+            return True
 
     def _repay_spares(self, generation: _Generation) -> None:
         """Start the spare workers that could not start earlier, while the pool is current."""

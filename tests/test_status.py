@@ -465,6 +465,31 @@ def test_a_populated_version_3_table_gains_started_at_and_results(db_url: str) -
         drop_tables(db_url, table)
 
 
+@pytest.mark.timeout(60)
+def test_on_postgresql_the_listen_for_job_ends_closes_once_no_one_waits(
+    server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from syncjobs.database import store
+
+    if not server_url.startswith("postgresql"):
+        pytest.skip("only PostgreSQL has NOTIFY")
+    monkeypatch.setattr(store, "ENDS_IDLE", 0.2)
+    queue = syncjobs.DatabaseJobQueue(server_url, queue=f"q-{uuid.uuid4().hex[:10]}", table=TEST_TABLE, workers=0)
+
+    def listening() -> bool:
+        return any(thread.name == "syncjobs-result-listener" for thread in threading.enumerate())
+
+    try:
+        queue.wait_finished(0.01)
+        assert listening()
+        wait_until(lambda: not listening(), what="the idle listener to leave")
+        queue.wait_finished(0.01)  # a later wait opens it again
+        assert listening()
+    finally:
+        queue.shutdown(grace=0)
+    assert not listening(), "shutdown closed it"
+
+
 def _in_condition_wait(thread: threading.Thread) -> bool:
     """Whether ``thread`` is blocked in a ``threading.Condition.wait`` now."""
     frame = sys._current_frames().get(thread.ident or -1)

@@ -53,6 +53,12 @@ class Note(syncjobs.Job):
         SENT.append(self.text)
 
 
+@app_queue.task(name="shop.forever")
+def forever() -> None:
+    """Dispatches itself again a minute later, for ever."""
+    forever.using(delay=60).dispatch()
+
+
 @app_queue.task(name="shop.blocks")
 def blocks() -> None:
     GATE.wait(WAIT)
@@ -163,6 +169,25 @@ def test_a_database_queue_is_diverted_too_dispatch_many_all_or_nothing(tmp_path:
         assert queue.pending_count() == 0, "nothing reached the database"
     finally:
         queue.shutdown(grace=0)
+
+
+def test_diversions_nest_and_each_ends_with_its_block() -> None:
+    with TestQueue.diverting(app_queue) as outer:
+        with TestQueue.diverting(app_queue) as inner:
+            checkout(1)
+        checkout(2)
+        assert [d.payload["kwargs"]["order_id"] for d in inner.dispatched] == [1]
+        assert [d.payload["kwargs"]["order_id"] for d in outer.dispatched] == [2]
+        outer.run_all()
+    assert SENT == ["2:a@b.c"]
+
+
+def test_run_all_ends_jobs_that_keep_dispatching_more_with_a_timeout() -> None:
+    with TestQueue.diverting(app_queue) as jobs:
+        forever.dispatch()
+        with pytest.raises(TimeoutError):
+            jobs.run_all(timeout=0.3)
+        assert len(jobs.dispatched) > 2
 
 
 def test_a_test_queue_of_its_own_with_a_clock_it_shares() -> None:

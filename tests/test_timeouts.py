@@ -198,6 +198,30 @@ def test_a_spare_that_cannot_start_is_started_later_so_the_pool_regains_its_widt
         BARRIERS.pop(key).abort()
 
 
+def test_with_one_worker_and_no_spare_the_freed_worker_serves_again(
+    make_queue: QueueFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No other worker finishes a run to start the missing spare: the stuck one, once its job returns, serves."""
+    queue = make_queue(workers=1)
+    queue.register(TimedOnce)
+    queue.register(ProbeJob)
+    letters = dead_letters(queue)
+    stuck, after = Probe("block"), Probe()
+    monkeypatch.setattr(threading, "Thread", _NoSpares)
+    try:
+        with queue:
+            _NoSpares.REFUSE.set()
+            queue.dispatch(TimedOnce(stuck.id))
+            wait_until(lambda: len(letters) == 1, what="the timed-out run's dead letter")
+            queue.dispatch(ProbeJob(after.id))
+            stuck.release.set()  # the job returns at last: its worker is free, and owed
+            after.wait_finished(1)
+            assert queue.join(WAIT)
+    finally:
+        _NoSpares.REFUSE.clear()
+        stuck.release.set()
+
+
 def test_the_job_then_the_task_then_the_queue_decides_the_timeout(backend: Backend) -> None:
     clock = FakeClock(0.0)
     queue = backend.make(workers=3, clock=clock, timeout=100.0)

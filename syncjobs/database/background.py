@@ -452,10 +452,13 @@ class Listener:
         channel: str,
         kick: Callable[[], None],
         poll_interval: float,
+        until: Callable[[], bool] | None = None,
     ) -> None:
         self._connect = connect
         self._channel = channel
         self._kick = kick
+        #: Asked about once a second: True ends the loop (no one needs the notifications any more).
+        self._until = until or (lambda: False)
         self._poll_interval = poll_interval
         self._check_every = LISTENER_CHECK_EVERY
         self._check_within = LISTENER_CHECK_WITHIN
@@ -468,7 +471,7 @@ class Listener:
             abort_connection(conn)
 
     def loop(self, stopping: threading.Event) -> None:
-        while not stopping.is_set():
+        while not stopping.is_set() and not self._until():
             try:
                 conn = self._conn = self._connect()
             except Exception:
@@ -482,6 +485,8 @@ class Listener:
                 while not stopping.is_set():
                     for _ in conn.notifies(timeout=min(self._poll_interval, 1.0), stop_after=1):
                         self._kick()
+                    if self._until():
+                        return
                     if time.monotonic() >= next_check:
                         if not self._answers(conn, stopping):
                             raise ConnectionError(f"no answer within {self._check_within}s")

@@ -40,6 +40,8 @@ from .wakeup import WakeListener, Waker, wake_directory
 logger = logging.getLogger("syncjobs.database")
 
 FETCHER_THREAD = "syncjobs-fetcher"
+#: PostgreSQL: seconds the LISTEN for job ends stays open with no result() waiting.
+ENDS_IDLE = 60.0
 
 # Importable from here too, as before connections.py owned it.
 __all__ = ["DatabaseStore", "DatabaseUnavailable"]
@@ -107,9 +109,13 @@ class DatabaseStore:
         self._waker = Waker(self._wake_directory)
         self._wake_listener: WakeListener | None = None
         self._finished = threading.Condition()
-        # PostgreSQL: the LISTEN for other processes' job ends, started by the first wait_finished().
+        # PostgreSQL: the LISTEN for other processes' job ends, started by the first wait_finished()
+        # and left once none has waited for ENDS_IDLE seconds; by this process (a fork's child starts its own).
         self._ends_loop: Loop | None = None
         self._ends_lock = threading.Lock()
+        self._ends_waiters = 0
+        self._ends_last_wait = time.monotonic()
+        self._ends_pid = os.getpid()
         #: Called with (envelope, error) for a row that ran out of attempts by lease expiry.
         self.on_expired_dead: Callable[[ClaimedEnvelope, str], None] = lambda envelope, error: None
         #: Called with the id of a row this process holds that cancel() flagged (by the heartbeat, each beat).
@@ -339,34 +345,58 @@ class DatabaseStore:
 
     def wait_finished(self, timeout: float) -> None:
         """Wait up to ``timeout`` for one of this process's jobs to finish (on PostgreSQL, any process's)."""
-        if self.dialect is POSTGRES:
-            self._listen_for_ends()
-        with self._finished:
-            self._finished.wait(timeout)
+        listening = self.dialect is POSTGRES and self._listen_for_ends()
+        try:
+            with self._finished:
+                self._finished.wait(timeout)
+        finally:
+            if listening:
+                with self._ends_lock:
+                    self._ends_waiters -= 1
+                    self._ends_last_wait = time.monotonic()
 
-    def _listen_for_ends(self) -> None:
-        """Start, once, the thread that LISTENs for the ends of this queue's jobs and wakes the waiters.
+    def _listen_for_ends(self) -> bool:
+        """Count a waiter, and start the thread that LISTENs for this queue's job ends if none runs; False: poll.
 
-        Only when something waits (``result()``), and in any process, a web
-        app's that never starts workers too; ``close()`` stops it.
+        Only while something waits (``result()``), in any process, a web app's
+        that never starts workers too: the thread leaves once no one has
+        waited for :data:`ENDS_IDLE` seconds, and at ``close()``.
         """
         with self._ends_lock:  # result() waits seconds between looks: the lock costs nothing there
-            if self._ends_loop is not None:
-                return
-            listener = Listener(
-                self.connector.connect,
-                channel=self.finished_channel,
-                kick=self._announce_finish,
-                poll_interval=self.poll_interval,
-            )
-            loop = Loop("syncjobs-result-listener", listener.loop, listener.abort)
-            loop.start()
-            self._ends_loop = loop
+            if self._ends_pid != os.getpid():  # a fork's child: the thread and its connection are the parent's
+                self._ends_loop, self._ends_pid = None, os.getpid()
+            if self._ends_loop is None:
+
+                def idle() -> bool:
+                    with self._ends_lock:
+                        if self._ends_loop is not loop:
+                            return True
+                        if self._ends_waiters or time.monotonic() - self._ends_last_wait < ENDS_IDLE:
+                            return False
+                        self._ends_loop = None
+                        return True
+
+                listener = Listener(
+                    self.connector.connect,
+                    channel=self.finished_channel,
+                    kick=self._announce_finish,
+                    poll_interval=self.poll_interval,
+                    until=idle,
+                )
+                loop = Loop("syncjobs-result-listener", listener.loop, listener.abort)
+                try:
+                    loop.start()
+                except RuntimeError:  # the interpreter is exiting: the waiter polls
+                    return False
+                self._ends_loop = loop
+            self._ends_waiters += 1
+            return True
 
     def _stop_listening_for_ends(self, deadline: float) -> None:
         with self._ends_lock:
             ends, self._ends_loop = self._ends_loop, None
-        if ends is not None:
+            ours = self._ends_pid == os.getpid()
+        if ends is not None and ours:  # a fork's child must not break its parent's connection
             ends.stop()
             ends.join(deadline)
 

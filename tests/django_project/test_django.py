@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -31,7 +33,7 @@ from django.utils import timezone
 import syncjobs
 import syncjobs.contrib.django as sj
 from syncjobs.contrib.django import conf
-from syncjobs.contrib.django.models import QueuedJob, TaskResultRecord
+from syncjobs.contrib.django.models import FinishedJob, QueuedJob, TaskResultRecord
 from syncjobs.contrib.django.tasks import RunTask
 from syncjobs.status import Progress
 from tests.django_project.forwarder import Forwarder
@@ -267,7 +269,13 @@ def test_the_admin_lists_finished_jobs_with_their_result_and_progress(alias: str
     detail = client.get(f"{base}{handle}/change/").content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in detail  # the result, escaped
     assert "<script>alert(1)" not in detail
-    assert client.get(base, {"q": handle}).content.decode().count(handle) >= 1
+    change_link = f"{base}{handle}/change/"
+    assert change_link in client.get(base, {"q": handle}).content.decode()
+    assert change_link not in client.get(base, {"q": str(uuid.uuid4())}).content.decode()
+    # A record past its keep is gone, for the admin as for status(), before the workers prune it.
+    FinishedJob.objects.using(alias).filter(id=handle).update(expires_at=time.time() - 1)
+    assert change_link not in client.get(base).content.decode()
+    assert handle.status() is None
 
 
 def test_dead_letter_callbacks_reach_the_worker_commands_queues(alias: str) -> None:

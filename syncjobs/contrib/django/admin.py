@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from typing import Any
 
 from django.contrib import admin, messages
@@ -138,6 +139,11 @@ class FinishedJobAdmin(_JobRecordAdmin):
         "pretty_result",
     )
     readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # An expired record is gone for status() already; the workers prune it soon.
+        kept: QuerySet[Any] = super().get_queryset(request).filter(expires_at__gte=time.time())
+        return kept
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # records only: the workers prune them once expired
