@@ -44,11 +44,13 @@ class _Record(NamedTuple):
     finished: float
     expires: float
     progress: str | None
+    payload: str
 
 
 #: The most finished jobs' records an in-memory queue keeps: beyond it, those
-#: soonest to expire go first. About 270 bytes each, plus the result: some
-#: 30 MB at most, whatever the rate of jobs and their keep_result.
+#: soonest to expire go first. About 280 bytes each, plus the result (the
+#: payload is the envelope's, kept): some 30 MB at most, whatever the rate of
+#: jobs and their keep_result.
 MAX_RECORDS = 100_000
 
 #: In ``MemoryStore._started`` for a job cancelled while it waited: its claim drops it.
@@ -180,6 +182,7 @@ class MemoryStore:
                 envelope.attempt,
                 envelope.max_attempts,
                 created_at=utc(created_at(job_id)),
+                payload=decode_result(envelope.payload),
             )
         if started is not None:
             state: State = "running"
@@ -196,6 +199,7 @@ class MemoryStore:
             started_at=utc(started),
             run_at=utc(run_at),
             progress=self._progress.get(job_id) if started is not None else None,
+            payload=decode_result(envelope.payload),
         )
 
     def _finished_status(self, job_id: str) -> JobStatus | None:
@@ -214,6 +218,7 @@ class MemoryStore:
             started_at=utc(record.started),
             finished_at=utc(record.finished),
             progress=Progress.from_json(record.progress),
+            payload=decode_result(record.payload),
         )
 
     def _due(self, envelope: Envelope) -> float | None:
@@ -251,6 +256,7 @@ class MemoryStore:
                 time.time(),
                 expires,
                 progress if progress is not None else _json(self._progress.get(envelope.id)),
+                envelope.payload,
             ),
         )
         heapq.heappush(self._expiry, (expires, envelope.id))

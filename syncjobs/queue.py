@@ -24,7 +24,7 @@ from .ids import new_job_id
 from .job import Job, check_keep_result, check_timeout
 from .payload import encode
 from .protocols import C, Delay, J, QueueStore
-from .registry import Registry
+from .registry import JobFinder, Registry
 from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, handle_type, wait_for_result
 from .worker import RunLimit, RunObserver, RunWrapper, WorkerPool
 
@@ -106,6 +106,17 @@ class StoreQueue:
     def register(self, job_cls: J) -> J:
         """Make ``job_cls`` runnable by this queue; usable as a class decorator."""
         return self._registry.register(job_cls)
+
+    def find_job_classes_with(self, finder: JobFinder) -> None:
+        """Call ``finder(name)`` for a NAME no registered class has, when a run meets one, before giving up on it.
+
+        It returns the job class for that NAME (registered from then on) or
+        None; it may import the module that defines it. Integrations use it
+        to run jobs whose module the worker process has not imported yet (a
+        Django task is found by its path). A finder that raises is logged and
+        counts as None.
+        """
+        self._registry.find_with(finder)
 
     def registered_names(self) -> list[str]:
         """The NAMEs of the job classes this queue runs, sorted."""

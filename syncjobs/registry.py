@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable
 from typing import TypeVar
 
 from .errors import QueueError
@@ -10,10 +12,16 @@ from .job import Job, check_max_attempts, check_name, check_timeout
 
 J = TypeVar("J", bound=type[Job])
 
+#: Given a NAME no registered class has, the class that runs it (or None): see ``StoreQueue.find_job_classes_with``.
+JobFinder = Callable[[str], "type[Job] | None"]
+
+logger = logging.getLogger("syncjobs.worker")
+
 
 class Registry:
     def __init__(self) -> None:
         self._by_name: dict[str, type[Job]] = {}
+        self._finders: list[JobFinder] = []
         self._lock = threading.Lock()
 
     def register(self, job_cls: J) -> J:
@@ -32,8 +40,31 @@ class Registry:
         with self._lock:
             return sorted(self._by_name)
 
+    def find_with(self, finder: JobFinder) -> None:
+        with self._lock:
+            self._finders.append(finder)
+
     def get(self, name: str) -> type[Job] | None:
-        return self._by_name.get(name)
+        """The class registered as ``name``; failing that, the one a finder finds (registered from then on)."""
+        found = self._by_name.get(name)
+        if found is None and self._finders:
+            return self._find(name)
+        return found
+
+    def _find(self, name: str) -> type[Job] | None:
+        for finder in list(self._finders):
+            try:
+                found = finder(name)
+                if found is None:
+                    continue
+                if getattr(found, "NAME", None) != name:
+                    raise QueueError(f"it returned {found!r}, whose NAME is not {name!r}")
+                self.register(found)
+            except Exception:  # a finder's failure leaves the job unrunnable here, and the worker serving
+                logger.warning("finding the job class for NAME %r failed", name, exc_info=True)
+                continue
+            return found
+        return self._by_name.get(name)  # a finder may have registered it itself
 
     def check_dispatchable(self, job: object) -> type[Job]:
         """The job's class, if this queue can run it; else ``QueueError`` saying why."""

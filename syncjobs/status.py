@@ -94,6 +94,11 @@ class JobStatus:
     run_at: datetime.datetime | None = None
     #: What its latest run last reported, if anything.
     progress: Progress | None = None
+    #: The queue it was dispatched to (None in memory: an in-memory queue has no name).
+    queue: str | None = None
+    #: What it was dispatched with (JSON-decoded): the job's payload, a task's arguments.
+    #: None only for a done job recorded before schema version 5 kept it.
+    payload: Any = None
 
     @property
     def finished(self) -> bool:

@@ -163,10 +163,12 @@ def test_a_worker_runs_the_function_tasks_of_the_modules_it_imports(db_url: str,
     assert code == 0, err
     assert "state:        done" in out
     assert 'result:       "heyhey"' in out
+    assert 'payload:      {"args": ["hey"], "kwargs": {"times": 2}}' in out
     code, out, err = run("show", empty, "--url", db_url, "--table", table, "--json")
     assert code == 0, err
     shown = json.loads(out)
     assert (shown["state"], shown["attempts"], shown["error"]) == ("dead", 1, "job raised ValueError: nothing to shout")
+    assert (shown["queue"], shown["payload"]) == ("default", {"args": [""], "kwargs": {}})
     assert rows(db_url, table) == [("cli.shout", "dead", 1)]
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import json
 import random
+import re
 import signal
 import sqlite3
 import threading
@@ -20,10 +21,11 @@ import pytest
 import syncjobs
 from syncjobs.database.dialects import SQLITE, Connector, dialect_for
 from syncjobs.database.schema import SCHEMA_VERSION, ddl
+from syncjobs.errors import JobFailed
 from tests.conftest import JOB_CLASSES, TEST_TABLE
 from tests.dbworker import Ledger, LedgerJob, OnceLedgerJob, Run, Workers, dispatch_ledger_jobs
 from tests.faultproxy import FaultProxy, bounded
-from tests.helpers import WAIT, Probe, ProbeJob, wait_until
+from tests.helpers import WAIT, OnceJob, Probe, ProbeJob, wait_until
 
 
 def make(db_url: str, made: list[syncjobs.DatabaseJobQueue], **options: Any) -> syncjobs.DatabaseJobQueue:
@@ -73,6 +75,8 @@ def old_ddl(url: str, table: str, version: int) -> list[str]:
     if version < 4:
         column = f",\n        started_at {dialect_for(url).real}"
         statements = [s.replace(column, "") for s in statements]
+    if version < 5:  # the results table's payload (the jobs table's is NOT NULL)
+        statements = [re.sub(r",\n        payload (LONG)?TEXT(?=[,\n])", "", s) for s in statements]
     return statements
 
 
@@ -189,6 +193,39 @@ def test_malformed_rows_become_dead_letters_and_the_worker_goes_on(
     assert sum("no job class is registered as 'tests.nobody_registered_this'" in d.error for d in letters) == 70
     assert sum("unexpected keyword argument 'no_such_field'" in d.error for d in letters) == 60
     assert all(d.attempts == 0 for d in letters)
+
+
+@pytest.mark.timeout(60)
+def test_a_finder_supplies_the_class_of_a_name_the_worker_never_registered(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = make(db_url, queues, workers=0)
+    probe, other = Probe(), Probe()
+    found = sender.dispatch(ProbeJob(probe.id))
+    lost = sender.dispatch(OnceJob(other.id))
+    worker = syncjobs.DatabaseJobQueue(
+        db_url, table=TEST_TABLE, queue=sender.queue_name, workers=1, poll_interval=0.2
+    )  # registers nothing
+    queues.append(worker)
+    asked: list[str] = []
+
+    def finder(name: str) -> type[syncjobs.Job] | None:
+        asked.append(name)
+        if name == ProbeJob.NAME:
+            return ProbeJob
+        raise RuntimeError("this finder breaks")
+
+    worker.find_job_classes_with(finder)
+    with worker:
+        assert found.result(WAIT) is None
+        with pytest.raises(JobFailed, match=r"no job class is registered as 'tests.once'"):
+            lost.result(WAIT)
+        assert worker.registered_names() == [ProbeJob.NAME]
+        again = sender.dispatch(ProbeJob(probe.id))
+        assert again.result(WAIT) is None
+    assert (len(probe.runs), len(other.runs)) == (2, 0)
+    assert asked == [ProbeJob.NAME, OnceJob.NAME], "a found class is registered: asked once"
+    assert "finding the job class for NAME 'tests.once' failed" in caplog.text
 
 
 def test_dead_letters_stay_as_rows_to_inspect_retry_and_purge(

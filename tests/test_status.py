@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import pytest
 
 import syncjobs
+from syncjobs.database.schema import SCHEMA_VERSION
 from syncjobs.errors import JobFailed, JobNotFound
 from syncjobs.status import JobHandle
 from tests.conftest import TEST_TABLE, Backend, QueueFactory
@@ -94,6 +95,8 @@ def test_a_job_is_queued_then_running_then_done_with_its_result(make_queue: Queu
     assert queued.created_at is not None
     assert before - SKEW <= queued.created_at <= now() + SKEW
     assert (queued.started_at, queued.finished_at, queued.result, queued.finished) == (None, None, None, False)
+    assert queued.payload == {"numbers": [1, 2, 3]}
+    assert queued.queue == getattr(queue, "queue_name", None), "a database queue's name; in memory, none"
     with queue:
         probe.wait_runs(1)
         # A database marks a run begun from a prefetched row a moment after it begins.
@@ -109,6 +112,7 @@ def test_a_job_is_queued_then_running_then_done_with_its_result(make_queue: Queu
     done = summed.status()
     assert done is not None
     assert (done.state, done.attempts, done.result, done.error, done.finished) == ("done", 1, {"sum": 6}, None, True)
+    assert done.payload == {"numbers": [1, 2, 3]}, "a done job's record says what it was asked"
     assert done.started_at is not None
     assert done.finished_at is not None
     assert done.created_at is not None
@@ -431,17 +435,25 @@ def test_the_workers_prune_expired_results_from_the_database(db_url: str) -> Non
         queue.shutdown(grace=0)
 
 
-@pytest.mark.timeout(60)
-def test_a_populated_version_3_table_gains_started_at_and_results(db_url: str) -> None:
-    from tests.test_database import columns, drop_tables, execute, old_ddl
+def at_version(db_url: str, version: int) -> tuple[str, syncjobs.DatabaseJobQueue]:
+    """A fresh table as schema ``version`` made it, and a queue on it that runs SumJob and migrates nothing itself."""
+    from tests.test_database import execute, old_ddl
 
     table = f"t_{uuid.uuid4().hex[:10]}"
+    for statement in old_ddl(db_url, table, version):
+        execute(db_url, statement)
+    execute(db_url, f"INSERT INTO {table}_schema (version) VALUES ({version})")
     queue = syncjobs.DatabaseJobQueue(db_url, table=table, auto_schema=False, workers=1, poll_interval=0.2)
     queue.register(SumJob)
+    return table, queue
+
+
+@pytest.mark.timeout(60)
+def test_a_populated_version_3_table_gains_started_at_and_results(db_url: str) -> None:
+    from tests.test_database import columns, drop_tables, execute
+
+    table, queue = at_version(db_url, 3)
     try:
-        for statement in old_ddl(db_url, table, 3):
-            execute(db_url, statement)
-        execute(db_url, f"INSERT INTO {table}_schema (version) VALUES (3)")
         assert "started_at" not in columns(db_url, table)
         insert = (
             f"INSERT INTO {table} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at) "
@@ -449,10 +461,10 @@ def test_a_populated_version_3_table_gains_started_at_and_results(db_url: str) -
         )
         job_id = str(uuid.uuid4())
         execute(db_url, insert, (job_id, '{"numbers": [20, 22]}'))
-        with pytest.raises(syncjobs.QueueError, match=r"version 3, this syncjobs needs 4"):
+        with pytest.raises(syncjobs.QueueError, match=rf"version 3, this syncjobs needs {SCHEMA_VERSION}"):
             queue.start()
         assert queue.admin.migrate() == 3
-        assert queue.admin.migrate() == 4  # again: nothing to do
+        assert queue.admin.migrate() == SCHEMA_VERSION  # again: nothing to do
         assert "started_at" in columns(db_url, table)
         with queue:
             assert queue.result(job_id, WAIT) == {"sum": 42}
@@ -460,6 +472,38 @@ def test_a_populated_version_3_table_gains_started_at_and_results(db_url: str) -
         assert status is not None
         assert (status.state, status.attempts, status.result) == ("done", 1, {"sum": 42})
         assert status.started_at is not None
+    finally:
+        queue.shutdown(grace=0)
+        drop_tables(db_url, table)
+
+
+@pytest.mark.timeout(60)
+def test_a_version_4_results_table_gains_payload_and_keeps_its_records(db_url: str) -> None:
+    from tests.test_database import columns, drop_tables, execute
+
+    table, queue = at_version(db_url, 4)
+    try:
+        assert "payload" not in columns(db_url, f"{table}_results")
+        old = str(uuid.uuid4())
+        execute(
+            db_url,
+            f"INSERT INTO {table}_results (id, queue, name, state, attempts, max_attempts, result, created_at, "
+            "finished_at, expires_at) VALUES (?, 'default', 'tests.sum', 'done', 1, 3, ?, 0, ?, ?)",
+            (old, '{"sum": 1}', time.time(), time.time() + 3600),
+        )
+        with pytest.raises(syncjobs.QueueError, match=rf"version 4, this syncjobs needs {SCHEMA_VERSION}"):
+            queue.start()
+        assert queue.admin.migrate() == 4
+        assert "payload" in columns(db_url, f"{table}_results")
+        kept = queue.status(old)
+        assert kept is not None
+        assert (kept.state, kept.result, kept.payload, kept.queue) == ("done", {"sum": 1}, None, "default")
+        with queue:
+            handle = queue.dispatch(SumJob([20, 22]))
+            assert handle.result(WAIT) == {"sum": 42}
+        done = handle.status()
+        assert done is not None
+        assert (done.state, done.payload) == ("done", {"numbers": [20, 22]})
     finally:
         queue.shutdown(grace=0)
         drop_tables(db_url, table)

@@ -144,9 +144,11 @@ def show(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write(json.dumps(fields) + "\n")
         return 0
     for key, value in fields.items():
-        if value is None or key == "result":
+        if value is None or key in ("payload", "result"):
             continue
         out.write(f"{key + ':':14}{value}\n")
+    if status.payload is not None:
+        out.write(f"{'payload:':14}{json.dumps(status.payload)}\n")
     if status.state == "done":
         out.write(f"{'result:':14}{json.dumps(status.result)}\n")
     return 0
@@ -157,6 +159,7 @@ def _status_fields(status: JobStatus) -> dict[str, object]:
     return {
         "id": status.id,
         "name": status.name,
+        "queue": status.queue,
         "state": status.state,
         "attempts": status.attempts,
         "max_attempts": status.max_attempts,
@@ -166,6 +169,7 @@ def _status_fields(status: JobStatus) -> dict[str, object]:
         "due": _iso(status.run_at),
         "progress": None if progress is None else str(progress),
         "error": status.error,
+        "payload": status.payload,
         "result": status.result,
     }
 

@@ -255,7 +255,8 @@ class TableAdmin:
 
 def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
     """A :data:`~queries.STATUS` row as a JobStatus."""
-    name, row_state, attempt, max_attempts, error, result, created, started, finished, run_at, progress, now = row
+    name, row_state, attempt, max_attempts, error, result, created, started, finished, run_at, progress, now = row[:12]
+    queue, payload = row[12:]
     state: State
     if row_state in ("dead", "done", "cancelled", "running"):
         state = row_state
@@ -278,6 +279,8 @@ def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
         finished_at=utc(finished),
         run_at=utc(run_at) if waiting else None,
         progress=Progress.from_json(progress),
+        queue=str(queue),
+        payload=decode_result(payload),
     )
 
 

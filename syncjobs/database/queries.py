@@ -178,14 +178,15 @@ WORKERS_PRUNE = "DELETE FROM {table}_workers WHERE heartbeat_at < {now_once} - l
 
 # Done jobs' records, for status(): written with their deletes, pruned once expired.
 RESULT_COLUMNS = (
-    "id, queue, name, state, attempts, max_attempts, result, progress, created_at, started_at, finished_at, expires_at"
+    "id, queue, name, state, attempts, max_attempts, result, progress, created_at, started_at, finished_at, "
+    "expires_at, payload"
 )
 # Elsewhere, before the delete and fenced like it: {results}, {progress} and
 # {keeps} are CASE id WHEN ? THEN ? … END over the batch's ids, {ids} their placeholders.
 KEEP_RESULTS = (
     "INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
     "SELECT id, queue, name, 'done', attempt + 1, max_attempts, {results}, COALESCE({progress}, progress), "
-    "created_at, started_at, {now}, {now} + {keeps} FROM {table} WHERE lease_token = ? AND id IN ({ids})"
+    "created_at, started_at, {now}, {now} + {keeps}, payload FROM {table} WHERE lease_token = ? AND id IN ({ids})"
 )
 RESULTS_PRUNE = "DELETE FROM {table}_results WHERE expires_at < {now_once}"
 
@@ -193,9 +194,9 @@ RESULTS_PRUNE = "DELETE FROM {table}_results WHERE expires_at < {now_once}"
 # dead), else a kept result that has not expired.
 STATUS = (
     "SELECT name, state, attempt, max_attempts, error, NULL, created_at, started_at, finished_at, run_at, progress, "
-    "{now} FROM {table} WHERE id = ? UNION ALL "
+    "{now}, queue, payload FROM {table} WHERE id = ? UNION ALL "
     "SELECT name, state, attempts, max_attempts, NULL, result, created_at, started_at, finished_at, NULL, progress, "
-    "{now} FROM {table}_results WHERE id = ? AND expires_at >= {now}"
+    "{now}, queue, payload FROM {table}_results WHERE id = ? AND expires_at >= {now}"
 )
 
 # cancel(): a waiting job ends at once (a claim takes only 'queued' rows);
@@ -232,12 +233,13 @@ COMPLETE_RECORD_COUNT = (
     "USING unnest(?::text[], ?::text[], ?::text[], ?::float8[], ?::text[]) AS t(id, token, result, keep, progress) "
     "WHERE j.id = t.id AND j.lease_token = t.token "
     "RETURNING j.id, j.queue, j.name, j.attempt, j.max_attempts, j.created_at, j.started_at, t.result, t.keep, "
+    "j.payload, "
     "COALESCE(t.progress, j.progress) AS progress), "
     "recorded AS (INSERT INTO {table}_finished (id, finished_at) SELECT id, {now} FROM gone "
     "ON CONFLICT (id) DO NOTHING), "
     "kept AS (INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
     "SELECT id, queue, name, 'done', attempt + 1, max_attempts, result, progress, created_at, started_at, {now}, "
-    "{now} + keep FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
+    "{now} + keep, payload FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
     "counted AS (INSERT INTO {table}_done (queue, bucket, done) SELECT ?, ?, COUNT(*) FROM gone "
     "HAVING COUNT(*) > 0 ON CONFLICT (queue, bucket) DO UPDATE SET done = {table}_done.done + excluded.done) "
     # The NOTIFY wakes result() waiting in any process; delivered at commit, one per batch.

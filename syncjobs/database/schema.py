@@ -14,12 +14,19 @@ from .dialects import MYSQL, POSTGRES, Dialect
 #: dispatch retried after an ambiguous failure never runs a finished job again).
 #: 4: adds ``started_at``, ``progress`` and ``cancel_requested`` to the jobs
 #: table, and ``<table>_results`` (done jobs' records and results, kept
-#: ``keep_result`` seconds, for ``status()``).
-SCHEMA_VERSION = 4
+#: ``keep_result`` seconds, for ``status()``). 5: adds ``payload`` to
+#: ``<table>_results``, so that a done job's record still says what it was
+#: asked to do (the Django Tasks backend's ``get_result()`` answers its arguments).
+SCHEMA_VERSION = 5
 
-#: Columns added to the jobs table after version 1: (name, type) by version.
+#: Columns added to a table after it was created: (table suffix, name, type) by version.
 #: ``CREATE TABLE`` has them; :func:`add_columns` adds them to an older table.
-_ADDED_COLUMNS = [("started_at", "real"), ("progress", "text"), ("cancel_requested", "INTEGER")]
+_ADDED_COLUMNS = [
+    ("", "started_at", "real"),
+    ("", "progress", "text"),
+    ("", "cancel_requested", "INTEGER"),
+    ("_results", "payload", "text"),
+]
 
 
 # PostgreSQL: every job leaves dead tuples (its claim's UPDATE and its
@@ -109,7 +116,8 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         created_at {real} NOT NULL,
         started_at {real},
         finished_at {real} NOT NULL,
-        expires_at {real} NOT NULL{expires_index}
+        expires_at {real} NOT NULL,
+        payload {text}{expires_index}
 ){engine}""",
     ]
     if dialect is MYSQL:
@@ -128,28 +136,32 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
 
 
 def add_columns(dialect: Dialect, table: str, cursor: Any) -> None:
-    """Add to an existing jobs table the columns later versions gave it; idempotent."""
-    for column, kind in _ADDED_COLUMNS:
-        sql_type = {"real": dialect.real, "text": "LONGTEXT" if dialect is MYSQL else "TEXT"}.get(kind, kind)
-        # Looked up first: ALTER TABLE locks the whole table, even when it has the column already.
-        if dialect is POSTGRES:
-            cursor.execute(
-                "SELECT COUNT(*) FROM information_schema.columns "
-                "WHERE table_schema = current_schema() AND table_name = %s AND column_name = %s",
-                (table.lower(), column),  # an unquoted name is folded to lower case
-            )
-        elif dialect is MYSQL:
-            cursor.execute(
-                "SELECT COUNT(*) FROM information_schema.columns "
-                "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
-                (table, column),
-            )
-        else:
-            pragma = f"SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?"  # noqa: S608 - a validated identifier
-            cursor.execute(pragma, (column,))
-        if not cursor.fetchone()[0]:
-            exists = " IF NOT EXISTS" if dialect is POSTGRES else ""  # SQLite and MySQL have none
-            cursor.execute(f"ALTER TABLE {table} ADD COLUMN{exists} {column} {sql_type}")
+    """Add to the existing tables the columns later versions gave them; idempotent."""
+    for suffix, column, kind in _ADDED_COLUMNS:
+        _add_column(dialect, f"{table}{suffix}", column, kind, cursor)
+
+
+def _add_column(dialect: Dialect, table: str, column: str, kind: str, cursor: Any) -> None:
+    sql_type = {"real": dialect.real, "text": "LONGTEXT" if dialect is MYSQL else "TEXT"}.get(kind, kind)
+    # Looked up first: ALTER TABLE locks the whole table, even when it has the column already.
+    if dialect is POSTGRES:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %s AND column_name = %s",
+            (table.lower(), column),  # an unquoted name is folded to lower case
+        )
+    elif dialect is MYSQL:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
+            (table, column),
+        )
+    else:
+        pragma = f"SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?"  # noqa: S608 - a validated identifier
+        cursor.execute(pragma, (column,))
+    if not cursor.fetchone()[0]:
+        exists = " IF NOT EXISTS" if dialect is POSTGRES else ""  # SQLite and MySQL have none
+        cursor.execute(f"ALTER TABLE {table} ADD COLUMN{exists} {column} {sql_type}")
 
 
 def record_version(table: str) -> list[str]:

@@ -35,6 +35,7 @@ import syncjobs.contrib.django as sj
 from syncjobs.contrib.django import conf
 from syncjobs.contrib.django.models import FinishedJob, QueuedJob, TaskResultRecord
 from syncjobs.contrib.django.tasks import RunTask
+from syncjobs.errors import JobCancelled
 from syncjobs.status import Progress
 from tests.django_project.forwarder import Forwarder
 from tests.django_project.shop import jobs
@@ -267,7 +268,7 @@ def test_the_admin_lists_finished_jobs_with_their_result_and_progress(alias: str
     assert handle in page
     assert "2 of 4 (50%) halfway" in page
     detail = client.get(f"{base}{handle}/change/").content.decode()
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in detail  # the result, escaped
+    assert detail.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 2  # its payload and its result, escaped
     assert "<script>alert(1)" not in detail
     change_link = f"{base}{handle}/change/"
     assert change_link in client.get(base, {"q": handle}).content.decode()
@@ -295,6 +296,9 @@ def test_dead_letter_callbacks_reach_the_memory_backends_queues() -> None:
 
 # -- the Django Tasks backend ------------------------------------------------------------
 
+#: The job name of the shop's ``add`` task: its path.
+ADD = f"{jobs.__name__}.add"
+
 
 def test_tasks_enqueue_run_and_answer_get_result(alias: str) -> None:
     seen: list[tuple[str, str]] = []
@@ -317,7 +321,11 @@ def test_tasks_enqueue_run_and_answer_get_result(alias: str) -> None:
         assert not result.is_finished
         with pytest.raises(ValueError, match="not finished"):
             result.return_value  # noqa: B018
-        assert jobs.add.get_result(result.id).status == TaskResultStatus.READY
+        queued = jobs.add.get_result(result.id)
+        assert (queued.status, queued.args, queued.kwargs, queued.attempts) == (TaskResultStatus.READY, [2, 3], {}, 0)
+        # The job is the task: its path in logs, stats and the admin, the TaskResult's id its id.
+        assert job_rows(alias) == [(ADD, "queued", 0)]
+        assert QueuedJob.objects.using(alias).get(id=result.id).name == ADD
         run_worker()
     finally:
         for signal, receiver in receivers:
@@ -331,11 +339,105 @@ def test_tasks_enqueue_run_and_answer_get_result(alias: str) -> None:
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
     assert seen == [("enqueued", "READY"), ("started", "RUNNING"), ("finished", "SUCCESSFUL")]
-    assert TaskResultRecord.objects.using(alias).get(id=result.id).status == "SUCCESSFUL"
+    # Kept as the job's record (not in a table of the backend's own), arguments and all.
+    assert job_rows(alias) == []
+    finished = FinishedJob.objects.using(alias).get(id=result.id)
+    assert (finished.name, json.loads(finished.payload), json.loads(finished.result or "")) == (
+        ADD,
+        {"args": [2, 3], "kwargs": {}},
+        5,
+    )
+    assert not TaskResultRecord.objects.using(alias).exists()
+
+
+def test_tasks_on_the_memory_backend_answer_get_result_from_their_queue() -> None:
+    with override_settings(SYNCJOBS={"BACKEND": "memory", "WORKERS": 1, "QUEUES": ["default", "reports"]}):
+        summed = jobs.add.enqueue(20, 22)
+        report = jobs.monthly_report.enqueue()
+        assert sj.get_queue("default").result(summed.id, timeout=10) == 42
+        assert sj.get_queue("reports").result(report.id, timeout=10) == {"orders": 0, "ok": True}
+        fetched = jobs.add.get_result(summed.id)
+        assert (fetched.status, fetched.return_value, fetched.args) == (TaskResultStatus.SUCCESSFUL, 42, [20, 22])
+        assert jobs.monthly_report.get_result(report.id).task.queue_name == "reports"
+
+
+def test_a_tasks_result_is_gone_after_keep_result(alias: str) -> None:
+    with override_settings(SYNCJOBS={**settings.SYNCJOBS, "KEEP_RESULT": 0}):
+        result = jobs.add.enqueue(1, 2)
+        run_worker()
+        with pytest.raises(TaskResultDoesNotExist):
+            jobs.add.get_result(result.id)
+
+
+def test_results_of_the_earlier_task_results_table_stay_readable_and_its_jobs_run(alias: str) -> None:
+    """What an earlier syncjobs wrote (a row in syncjobs_task_results, a job named syncjobs.django.task)."""
+    record = TaskResultRecord.objects.using(alias).create(
+        id="legacy-1", backend="default", task_path=ADD, queue_name="default", args=[20, 22], kwargs={}
+    )
+    assert jobs.add.get_result(record.id).status == TaskResultStatus.READY
+    sj.dispatch(RunTask(backend="default", result_id=record.id, database=alias))
+    run_worker()
+    fetched = jobs.add.get_result(record.id)
+    assert (fetched.status, fetched.return_value, fetched.args) == (TaskResultStatus.SUCCESSFUL, 42, [20, 22])
     # Delivered again (at-least-once: a lost lease, a failed delete): the finished result stands.
-    RunTask(backend="default", result_id=result.id, database=alias).run()
-    again = jobs.add.get_result(result.id)
+    RunTask(backend="default", result_id=record.id, database=alias).run()
+    again = jobs.add.get_result(record.id)
     assert (again.status, again.attempts, again.finished_at) == (TaskResultStatus.SUCCESSFUL, 1, fetched.finished_at)
+
+
+def test_a_cancelled_task_is_failed_with_the_cancel_as_its_error(alias: str) -> None:
+    result = jobs.add.using(run_after=timezone.now() + datetime.timedelta(hours=1)).enqueue(1, 1)
+    assert sj.get_queue().cancel(result.id)
+    fetched = jobs.add.get_result(result.id)
+    assert fetched.status == TaskResultStatus.FAILED
+    [error] = fetched.errors
+    assert error.exception_class is JobCancelled
+
+
+def test_only_a_task_of_this_backend_is_found_by_its_path() -> None:
+    from syncjobs.contrib.django.tasks import find_task_job, job_class_for
+
+    assert find_task_job(ADD) is job_class_for(jobs.add)
+    assert find_task_job(f"{jobs.__name__}.ConfirmOrder") is None, "a class job is not a task"
+    assert find_task_job("os.path.join") is None, "nor is any other importable name"
+    assert find_task_job("shop.no_such_module.task") is None
+    assert find_task_job("undotted") is None
+
+
+def test_a_worker_that_never_imported_a_tasks_module_finds_the_task_by_its_path() -> None:
+    from tests.django_project.shop import reports
+
+    result = reports.count_words.enqueue("one two three")
+    # A worker process whose startup imports no module of the task's.
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import django
+        from django.conf import settings
+
+        settings.configure(
+            INSTALLED_APPS=["syncjobs.contrib.django"],
+            DATABASES={{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}}}},
+            SYNCJOBS={{"DATABASE": "default", "WORKERS": 1}},
+            TASKS={{"default": {{"BACKEND": "syncjobs.contrib.django.tasks.SyncJobsBackend"}}}},
+            USE_TZ=True,
+        )
+        django.setup()
+        import syncjobs.contrib.django as sj
+
+        assert "{reports.__name__}" not in sys.modules
+        [queue] = sj.worker_queues(["default"])
+        with queue:
+            print(queue.result("{result.id}", timeout=30))
+        """
+    )
+    database = str(connections["default"].settings_dict["NAME"])
+    root = Path(__file__).parents[2]
+    command = [sys.executable, "-c", code, database]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, cwd=root)
+    assert (done.returncode, done.stdout.strip()) == (0, "3"), done.stderr
+    fetched = reports.count_words.get_result(result.id)
+    assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
 
 
 def test_a_failing_task_is_failed_with_its_error(alias: str) -> None:
@@ -349,8 +451,10 @@ def test_a_failing_task_is_failed_with_its_error(alias: str) -> None:
     assert error.exception_class is ValueError
     assert error.exception_class_path == "builtins.ValueError"
     assert "ValueError: boom" in error.traceback
-    # Not retried (Django's Tasks have no retry policy); a dead letter for the operator.
-    assert job_rows(alias) == [("syncjobs.django.task", "dead", 1)]
+    # Not retried (Django's Tasks have no retry policy); a dead letter for the operator, named by the task.
+    assert job_rows(alias) == [(f"{jobs.__name__}.explode", "dead", 1)]
+    dead = QueuedJob.objects.using(alias).get(id=result.id)
+    assert (dead.error or "").startswith("fatal: builtins.ValueError: boom\nTraceback (most recent call last):")
 
 
 def test_retrying_a_failed_task_from_the_admin_runs_the_task_again(alias: str) -> None:
@@ -369,8 +473,8 @@ def test_retrying_a_failed_task_from_the_admin_runs_the_task_again(alias: str) -
 
     fetched = jobs.confirm_existing.get_result(result.id)
     assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, "R-1")
-    assert fetched.attempts == 2
-    assert [error.exception_class_path for error in fetched.errors] == ["builtins.LookupError"]  # the first run's
+    # A dead letter retried starts afresh: the runs since, no earlier error.
+    assert (fetched.attempts, fetched.errors) == (1, [])
     assert Order.objects.get(number="R-1").confirmed
     assert job_rows(alias) == []
 
@@ -381,7 +485,9 @@ def test_run_after_defers_the_task(alias: str) -> None:
     run_worker()  # --burst leaves what is not due yet
     fetched = jobs.add.get_result(result.id)
     assert fetched.status == TaskResultStatus.READY
-    assert fetched.task.run_after == later
+    # The job's due time, as the database keeps it (seconds, as a float): within a moment of the asked.
+    assert fetched.task.run_after is not None
+    assert abs(fetched.task.run_after - later) < datetime.timedelta(seconds=1)
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT run_at FROM syncjobs_jobs")
         [(run_at,)] = cursor.fetchall()
@@ -422,7 +528,7 @@ def test_what_the_backend_refuses() -> None:
         jobs.add.using(run_after=datetime.datetime(2030, 1, 1))
     with pytest.raises(TypeError, match="Unsupported type"):
         jobs.add.enqueue(object(), 1)
-    assert TaskResultRecord.objects.count() == 0  # nothing written for what was refused
+    assert not QueuedJob.objects.exists()  # nothing enqueued for what was refused
     with pytest.raises(TaskResultDoesNotExist):
         jobs.add.get_result("no-such-id")
     other = jobs.add.enqueue(1, 2)

@@ -145,9 +145,10 @@ def _build(config: conf.Config, name: str, *, workers: int | None = None, grace:
             table=conf.TABLE,
             auto_schema=config.database is None,
         )
-    from .tasks import RunTask  # noqa: PLC0415 - tasks.py imports this module
+    from .tasks import RunTask, find_task_job  # noqa: PLC0415 - tasks.py imports this module
 
-    queue.register(RunTask)
+    queue.register(RunTask)  # the jobs an earlier syncjobs queued for Django tasks
+    queue.find_job_classes_with(find_task_job)  # a task the worker has not imported yet
     return _setup.apply(queue, around=django_connections)
 
 

@@ -44,6 +44,10 @@ class _JobRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         progress = job.reported_progress
         return "" if progress is None else str(progress)
 
+    @admin.display(description="payload")
+    def pretty_payload(self, job: QueuedJob | FinishedJob) -> str:
+        return _pretty_json(job.payload)
+
 
 @admin.register(QueuedJob)
 class QueuedJobAdmin(_JobRecordAdmin):
@@ -84,12 +88,8 @@ class QueuedJobAdmin(_JobRecordAdmin):
 
     @admin.display(description="error")
     def short_error(self, job: QueuedJob) -> str:
-        error = job.error or ""
+        error = (job.error or "").partition("\n")[0]  # a failed Django task's traceback follows
         return error if len(error) <= 80 else error[:77] + "..."
-
-    @admin.display(description="payload")
-    def pretty_payload(self, job: QueuedJob) -> str:
-        return _pretty_json(job.payload)
 
     @admin.action(description="Cancel the selected jobs", permissions=["change"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[QueuedJob]) -> None:
@@ -136,6 +136,7 @@ class FinishedJobAdmin(_JobRecordAdmin):
         "finished",
         "expires",
         "progress_shown",
+        "pretty_payload",
         "pretty_result",
     )
     readonly_fields = fields

@@ -81,6 +81,8 @@ class FinishedJob(_JobRecord):
     result = models.TextField(null=True)
     finished_at = models.FloatField()
     expires_at = models.FloatField()
+    #: What it was dispatched with (a task's arguments); None for a record older than schema version 5.
+    payload = models.TextField(null=True)
 
     class Meta:
         managed = False
