@@ -32,6 +32,9 @@ RetryWait = Callable[[int], float] | wait_base
 Send = Callable[..., JobHandle]
 
 
+_PAYLOAD_KEYS = frozenset({"args", "kwargs"})
+
+
 class FunctionJob(Job):
     """One call of a task's function: its arguments are the payload (see ``_Call`` for their form)."""
 
@@ -49,7 +52,7 @@ class FunctionJob(Job):
     @classmethod
     def from_payload(cls, data: dict[str, Any]) -> Self:
         args, kwargs = data.get("args", []), data.get("kwargs", {})
-        if not isinstance(args, list) or not isinstance(kwargs, dict) or not set(data) <= {"args", "kwargs"}:
+        if not isinstance(args, list) or not isinstance(kwargs, dict) or not data.keys() <= _PAYLOAD_KEYS:
             raise ValueError(
                 f"task {cls.NAME!r}: a payload must be {{'args': [...], 'kwargs': {{...}}}}, got keys {sorted(data)}"
             )

@@ -48,9 +48,9 @@ class _Record(NamedTuple):
 
 
 #: The most finished jobs' records an in-memory queue keeps: beyond it, those
-#: soonest to expire go first. About 280 bytes each, plus the result (the
-#: payload is the envelope's, kept): some 30 MB at most, whatever the rate of
-#: jobs and their keep_result.
+#: soonest to expire go first. About 280 bytes each, plus the result and the
+#: payload (the envelope's string, kept): some 30 MB for small ones, whatever
+#: the rate of jobs and their keep_result.
 MAX_RECORDS = 100_000
 
 #: In ``MemoryStore._started`` for a job cancelled while it waited: its claim drops it.

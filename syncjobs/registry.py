@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -17,11 +18,16 @@ JobFinder = Callable[[str], "type[Job] | None"]
 
 logger = logging.getLogger("syncjobs.worker")
 
+#: Seconds a NAME no finder found is not looked for again: each look may import modules.
+UNFOUND_FOR = 60.0
+
 
 class Registry:
     def __init__(self) -> None:
         self._by_name: dict[str, type[Job]] = {}
         self._finders: list[JobFinder] = []
+        #: NAMEs no finder found, with when they may be looked for again (monotonic).
+        self._unfound: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def register(self, job_cls: J) -> J:
@@ -52,6 +58,8 @@ class Registry:
         return found
 
     def _find(self, name: str) -> type[Job] | None:
+        if time.monotonic() < self._unfound.get(name, 0.0):
+            return None
         for finder in list(self._finders):
             try:
                 found = finder(name)
@@ -64,7 +72,10 @@ class Registry:
                 logger.warning("finding the job class for NAME %r failed", name, exc_info=True)
                 continue
             return found
-        return self._by_name.get(name)  # a finder may have registered it itself
+        found = self._by_name.get(name)  # a finder may have registered it itself
+        if found is None:
+            self._unfound[name] = time.monotonic() + UNFOUND_FOR
+        return found
 
     def check_dispatchable(self, job: object) -> type[Job]:
         """The job's class, if this queue can run it; else ``QueueError`` saying why."""

@@ -169,8 +169,9 @@ def test_malformed_rows_become_dead_letters_and_the_worker_goes_on(
         f"INSERT INTO {TEST_TABLE} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at) "
         "VALUES (?, ?, ?, ?, 'queued', 0, 5, 0, 0)"
     )
-    for name, payload in bad:
-        execute(db_url, insert, (str(uuid.uuid4()), queue.queue_name, name, payload))
+    ids = [str(uuid.uuid4()) for _ in bad]
+    for job_id, (name, payload) in zip(ids, bad, strict=True):
+        execute(db_url, insert, (job_id, queue.queue_name, name, payload))
     good = Probe()
     queue.dispatch(ProbeJob(good.id))
     handed: list[syncjobs.DeadLetter] = []
@@ -193,6 +194,15 @@ def test_malformed_rows_become_dead_letters_and_the_worker_goes_on(
     assert sum("no job class is registered as 'tests.nobody_registered_this'" in d.error for d in letters) == 70
     assert sum("unexpected keyword argument 'no_such_field'" in d.error for d in letters) == 60
     assert all(d.attempts == 0 for d in letters)
+    # Their status reads, the payload that cannot be decoded as None.
+    for job_id in (ids[0], ids[80], ids[-1]):  # not JSON, nested too deeply, an unexpected field
+        status = queue.status(job_id)
+        assert status is not None
+        assert status.state == "dead"
+        with pytest.raises(JobFailed):
+            queue.result(job_id, 0)
+    assert [queue.status(ids[i]).payload for i in (0, 80, 75)] == [None, None, [1, 2]]  # type: ignore[union-attr]
+    assert queue.status(ids[-1]).payload == {"probe": "x", "no_such_field": 1}  # type: ignore[union-attr]
 
 
 @pytest.mark.timeout(60)
@@ -223,8 +233,12 @@ def test_a_finder_supplies_the_class_of_a_name_the_worker_never_registered(
         assert worker.registered_names() == [ProbeJob.NAME]
         again = sender.dispatch(ProbeJob(probe.id))
         assert again.result(WAIT) is None
+        lost_again = sender.dispatch(OnceJob(other.id))
+        with pytest.raises(JobFailed, match=r"no job class is registered as 'tests.once'"):
+            lost_again.result(WAIT)
     assert (len(probe.runs), len(other.runs)) == (2, 0)
-    assert asked == [ProbeJob.NAME, OnceJob.NAME], "a found class is registered: asked once"
+    # A found class is registered; a name not found is not looked for again for a while (a look may import).
+    assert asked == [ProbeJob.NAME, OnceJob.NAME]
     assert "finding the job class for NAME 'tests.once' failed" in caplog.text
 
 

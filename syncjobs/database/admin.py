@@ -280,8 +280,16 @@ def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
         run_at=utc(run_at) if waiting else None,
         progress=Progress.from_json(progress),
         queue=str(queue),
-        payload=decode_result(payload),
+        payload=_readable(payload),
     )
+
+
+def _readable(payload: str | None) -> Any:
+    """A row's payload, decoded; None for one that cannot be (a malformed row, now a dead letter)."""
+    try:
+        return decode_result(payload)
+    except (ValueError, RecursionError):
+        return None
 
 
 def _with_queue(params: tuple[Any, ...], queue: str | None) -> tuple[Any, ...]:

@@ -98,4 +98,6 @@ TEMPLATES = [
 SYNCJOBS = {"DATABASE": "default", "WORKERS": 2, "SHUTDOWN_GRACE": 1.0}
 TASKS = {
     "default": {"BACKEND": "syncjobs.contrib.django.tasks.SyncJobsBackend", "QUEUES": ["default", "reports"]},
+    # Tasks declared for another backend, sent to syncjobs with using(backend="default").
+    "immediate": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"},
 }

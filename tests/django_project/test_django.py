@@ -361,6 +361,38 @@ def test_tasks_on_the_memory_backend_answer_get_result_from_their_queue() -> Non
         assert jobs.monthly_report.get_result(report.id).task.queue_name == "reports"
 
 
+def test_a_task_enqueued_in_an_open_transaction_has_a_result_at_once(alias: str) -> None:
+    with transaction.atomic(using=alias):
+        result = jobs.add.enqueue(2, 2)
+        waiting = jobs.add.get_result(result.id)
+        assert (waiting.status, waiting.args) == (TaskResultStatus.READY, [2, 2])
+    run_worker()
+    assert jobs.add.get_result(result.id).return_value == 4
+
+
+def test_a_failed_tasks_error_keeps_a_message_of_many_lines_apart_from_its_traceback(alias: str) -> None:
+    from tests.django_project.shop import reports
+
+    result = reports.fail_in_lines.enqueue("second line")
+    run_worker()
+    [error] = reports.fail_in_lines.get_result(result.id).errors
+    assert error.exception_class is RuntimeError
+    assert error.traceback.startswith("Traceback (most recent call last):\n")
+    assert error.traceback.endswith("RuntimeError: first line\nsecond line\n")
+
+
+def test_without_use_tz_a_tasks_times_are_naive_like_djangos() -> None:
+    settings_ = {"BACKEND": "memory", "WORKERS": 1, "QUEUES": ["default"]}
+    with override_settings(USE_TZ=False, SYNCJOBS=settings_):
+        result = jobs.add.enqueue(1, 1)
+        assert sj.get_queue().result(result.id, timeout=10) == 2
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        moments = [result.enqueued_at, result.started_at, result.finished_at, result.last_attempted_at]
+        assert all(moment is not None and timezone.is_naive(moment) for moment in moments), moments
+        assert abs(timezone.now() - result.finished_at) < datetime.timedelta(minutes=1)  # type: ignore[operator]
+
+
 def test_a_tasks_result_is_gone_after_keep_result(alias: str) -> None:
     with override_settings(SYNCJOBS={**settings.SYNCJOBS, "KEEP_RESULT": 0}):
         result = jobs.add.enqueue(1, 2)
@@ -394,13 +426,14 @@ def test_a_cancelled_task_is_failed_with_the_cancel_as_its_error(alias: str) -> 
     assert error.exception_class is JobCancelled
 
 
-def test_only_a_task_of_this_backend_is_found_by_its_path() -> None:
+def test_only_a_task_is_found_by_its_path() -> None:
     from syncjobs.contrib.django.tasks import find_task_job, job_class_for
 
     assert find_task_job(ADD) is job_class_for(jobs.add)
     assert find_task_job(f"{jobs.__name__}.ConfirmOrder") is None, "a class job is not a task"
     assert find_task_job("os.path.join") is None, "nor is any other importable name"
-    assert find_task_job("shop.no_such_module.task") is None
+    assert find_task_job("tests.django_project.shop.no_such_module.task") is None
+    assert find_task_job("tests.django_project.shop.reports.no_such_task") is None
     assert find_task_job("undotted") is None
 
 
@@ -408,6 +441,7 @@ def test_a_worker_that_never_imported_a_tasks_module_finds_the_task_by_its_path(
     from tests.django_project.shop import reports
 
     result = reports.count_words.enqueue("one two three")
+    sent = reports.shout.using(backend="default").enqueue("hey")
     # A worker process whose startup imports no module of the task's.
     code = textwrap.dedent(
         f"""
@@ -419,7 +453,10 @@ def test_a_worker_that_never_imported_a_tasks_module_finds_the_task_by_its_path(
             INSTALLED_APPS=["syncjobs.contrib.django"],
             DATABASES={{"default": {{"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}}}},
             SYNCJOBS={{"DATABASE": "default", "WORKERS": 1}},
-            TASKS={{"default": {{"BACKEND": "syncjobs.contrib.django.tasks.SyncJobsBackend"}}}},
+            TASKS={{
+                "default": {{"BACKEND": "syncjobs.contrib.django.tasks.SyncJobsBackend"}},
+                "immediate": {{"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}},
+            }},
             USE_TZ=True,
         )
         django.setup()
@@ -428,14 +465,14 @@ def test_a_worker_that_never_imported_a_tasks_module_finds_the_task_by_its_path(
         assert "{reports.__name__}" not in sys.modules
         [queue] = sj.worker_queues(["default"])
         with queue:
-            print(queue.result("{result.id}", timeout=30))
+            print(queue.result("{result.id}", timeout=30), queue.result("{sent.id}", timeout=30))
         """
     )
     database = str(connections["default"].settings_dict["NAME"])
     root = Path(__file__).parents[2]
     command = [sys.executable, "-c", code, database]
     done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, cwd=root)
-    assert (done.returncode, done.stdout.strip()) == (0, "3"), done.stderr
+    assert (done.returncode, done.stdout.strip()) == (0, "3 HEY"), done.stderr
     fetched = reports.count_words.get_result(result.id)
     assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
 

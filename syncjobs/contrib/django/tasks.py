@@ -24,14 +24,18 @@ as another attempt. Results written by an earlier syncjobs, in the
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import threading
+import time
 from traceback import format_exception
 from typing import Any
 
+from django.conf import settings
+from django.db import connections
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskContext, TaskError
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 from django.utils.crypto import get_random_string
@@ -39,13 +43,14 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from ...context import current_job
-from ...errors import Cancelled, Fatal
+from ...database.admin import status_from_row
+from ...errors import Cancelled, Fatal, QueueError
 from ...function_tasks import FunctionJob
 from ...ids import created_at
 from ...job import Job
 from ...status import JobStatus, utc
 from . import conf, dispatch, get_queue, register
-from .models import TaskResultRecord
+from .models import QueuedJob, TaskResultRecord
 
 # TaskResultStatus values, as the results table stores them.
 READY, RUNNING, FAILED, SUCCESSFUL = "READY", "RUNNING", "FAILED", "SUCCESSFUL"
@@ -79,7 +84,10 @@ class SyncJobsBackend(BaseTaskBackend):
         super().validate_task(task)
         # Every process that defines the task can run it: Task() validates
         # itself with its backend, at import.
-        register(job_class_for(task))
+        try:
+            register(job_class_for(task))
+        except (TypeError, QueueError) as exc:  # a path too long for a NAME, or one a job class has
+            raise InvalidTask(f"task {task.module_path}: {exc}") from exc
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         self.validate_task(task)
@@ -122,6 +130,8 @@ class SyncJobsBackend(BaseTaskBackend):
         config = conf.read()
         if config.backend != "memory":
             status = get_queue().status(result_id)  # one table: any queue reads every queue's jobs
+            if status is None and config.database is not None:
+                status = _uncommitted_status(config.database, result_id)
             return None if status is None else (status, status.queue or config.default_queue)
         for name in dict.fromkeys([*config.queues, *sorted(self.queues)]):  # each a queue of its own
             status = get_queue(name).status(result_id)
@@ -155,6 +165,26 @@ class SyncJobsBackend(BaseTaskBackend):
         return []
 
 
+def _uncommitted_status(database: str, job_id: str) -> JobStatus | None:
+    """The job's status as this thread's open transaction on ``database`` sees it (enqueued in it, say).
+
+    syncjobs' own connections see only what is committed.
+    """
+    if not connections[database].in_atomic_block:
+        return None
+    columns = ("name", "state", "attempt", "max_attempts", "error", "created_at", "started_at", "finished_at")
+    row = (
+        QueuedJob.objects.using(database)
+        .filter(id=job_id)
+        .values_list(*columns, "run_at", "progress", "queue", "payload")
+    )
+    found = row.first()
+    if found is None:
+        return None
+    # As queries.STATUS reads it: no result yet, and the time now.
+    return status_from_row(job_id, (*found[:5], None, *found[5:10], time.time(), *found[10:]))
+
+
 class TaskJob(FunctionJob):
     """One enqueued call of a Django task: its NAME is the task's path, its payload the call's arguments."""
 
@@ -168,7 +198,7 @@ class TaskJob(FunctionJob):
             task=task,
             id=job_id,
             status=TaskResultStatus(RUNNING),
-            enqueued_at=utc(created_at(job_id)),
+            enqueued_at=_shown(utc(created_at(job_id))),
             started_at=started,
             last_attempted_at=started,
             finished_at=None,
@@ -221,7 +251,7 @@ def find_task_job(name: str) -> type[Job] | None:
     """For a worker that meets a task it has not imported: the job class of the task at path ``name``.
 
     Django's own database backend imports a task by its stored path too. Only
-    a task of a syncjobs backend is run; any other name finds nothing.
+    a task is found; any other name finds nothing.
     """
     if "." not in name:
         return None
@@ -229,7 +259,8 @@ def find_task_job(name: str) -> type[Job] | None:
         found = import_string(name)
     except ImportError:
         return None
-    if not isinstance(found, Task) or found.module_path != name or not isinstance(found.get_backend(), SyncJobsBackend):
+    # Any backend's task: one declared for another may be sent here with using(backend=…).
+    if not isinstance(found, Task) or found.module_path != name:
         return None
     return job_class_for(found)
 
@@ -266,12 +297,24 @@ def _error_of(status: JobStatus) -> TaskError:
     if status.state == "cancelled":
         return TaskError(exception_class_path="syncjobs.errors.JobCancelled", traceback="cancelled")
     text = status.error or ""
-    first, _, rest = text.removeprefix(f"{Fatal.kind}: ").partition("\n")
+    first, traceback = text.removeprefix(f"{Fatal.kind}: "), ""
+    if _TRACEBACK in first:  # written by failure(); the message may have lines of its own
+        first, traceback = first.split(_TRACEBACK, 1)
     path, sep, _message = first.partition(": ")
-    if sep and rest and " " not in path and "." in path:  # written by failure()
-        return TaskError(exception_class_path=path, traceback=rest)
+    if sep and traceback and " " not in path and "." in path:
+        return TaskError(exception_class_path=path, traceback=_TRACEBACK.lstrip("\n") + traceback)
     # Ended by syncjobs: timed out, cannot be run, its worker lost more than its attempts.
     return TaskError(exception_class_path="syncjobs.errors.JobFailed", traceback=text)
+
+
+_TRACEBACK = "\nTraceback (most recent call last):"
+
+
+def _shown(moment: datetime.datetime | None) -> datetime.datetime | None:
+    """``moment`` as Django shows times: aware with ``USE_TZ``, else naive in the project's time zone."""
+    if moment is None or settings.USE_TZ:
+        return moment
+    return timezone.make_naive(moment)
 
 
 def _from_status(status: JobStatus, queue_name: str, alias: str) -> TaskResult[Any, Any]:
@@ -282,7 +325,8 @@ def _from_status(status: JobStatus, queue_name: str, alias: str) -> TaskResult[A
     if not isinstance(task, Task):
         raise TaskResultDoesNotExist(f"{status.name!r} is not a task")
     waiting = status.state in ("queued", "scheduled", "retrying")
-    task = dataclasses.replace(task, queue_name=queue_name, run_after=status.run_at if waiting else None, backend=alias)
+    run_after = _shown(status.run_at) if waiting else None
+    task = dataclasses.replace(task, queue_name=queue_name, run_after=run_after, backend=alias)
     code = _STATUSES[status.state]
     runs = status.attempts + (1 if status.state == "running" else 0)
     call = status.payload if isinstance(status.payload, dict) else {}
@@ -290,10 +334,10 @@ def _from_status(status: JobStatus, queue_name: str, alias: str) -> TaskResult[A
         task=task,
         id=status.id,
         status=TaskResultStatus(code),
-        enqueued_at=status.created_at,
-        started_at=status.started_at,
-        finished_at=status.finished_at if status.finished else None,
-        last_attempted_at=status.started_at,
+        enqueued_at=_shown(status.created_at),
+        started_at=_shown(status.started_at),
+        finished_at=_shown(status.finished_at) if status.finished else None,
+        last_attempted_at=_shown(status.started_at),
         args=call.get("args", []),
         kwargs=call.get("kwargs", {}),
         backend=alias,
