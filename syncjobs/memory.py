@@ -53,6 +53,9 @@ class _Record(NamedTuple):
 #: the rate of jobs and their keep_result.
 MAX_RECORDS = 100_000
 
+#: Waiting jobs cancelled before the timers are pruned of the parked ones (or half the timers, if more).
+_PRUNE_CANCELLED_AT = 1_000
+
 #: In ``MemoryStore._started`` for a job cancelled while it waited: its claim drops it.
 _CANCELLED = -1.0
 
@@ -95,6 +98,8 @@ class MemoryStore:
         self._idle = threading.Condition()
         #: Threads in wait_finished(), which wants every finish (wait_empty() only the last).
         self._finish_waiters = 0
+        #: Waiting jobs cancel() ended since the timers were last pruned of them.
+        self._cancelled_since_prune = 0
 
     def put(self, envelope: Envelope, delay: float) -> None:
         self._unfinished[envelope.id] = envelope
@@ -142,7 +147,25 @@ class MemoryStore:
         self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, started=None)
         self._unfinished.pop(job_id, None)
         self._notify_finish()
+        self._cancelled_since_prune += 1
+        if self._cancelled_since_prune >= max(_PRUNE_CANCELLED_AT, len(self.timers) // 2):
+            self._prune_cancelled()
         return "ended"
+
+    def _prune_cancelled(self) -> None:
+        """Drop from the timers the parked jobs cancel() ended: a delay of days would hold them that long."""
+        self._cancelled_since_prune = 0
+        dropped: list[str] = []
+
+        def keep(envelope: Envelope) -> bool:
+            if self._started.get(envelope.id) is _CANCELLED:
+                dropped.append(envelope.id)
+                return False
+            return True
+
+        self.timers.prune(keep)
+        for job_id in dropped:
+            self._started.pop(job_id, None)  # what its claim would have done
 
     def dead(self, envelope: Envelope, error: str) -> None:
         if self.keep_dead > 0:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import threading
+import tracemalloc
 import uuid
 from typing import Any
 
@@ -97,6 +99,30 @@ def test_a_cancelled_job_whose_time_comes_is_dropped_and_the_queue_drains(backen
     assert [run["label"] for run in probe.runs] == [0]
     assert [run["label"] for run in sentinel.runs] == [2]
     assert (state_of(parked), state_of(delayed)) == ("cancelled", "cancelled")
+
+
+@pytest.mark.timeout(60)
+def test_memory_lets_go_of_the_delayed_jobs_it_cancels() -> None:
+    """Not only when their time comes (a delay may be days): the timers are pruned of them as cancels add up."""
+    queue = syncjobs.InMemoryJobQueue(workers=0, keep_result=0)
+    queue.register(ProbeJob)
+    probe = Probe()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        handles = [queue.dispatch(ProbeJob(probe.id, label=i), delay=86_400) for i in range(5_000)]
+        held = tracemalloc.get_traced_memory()[0] - before
+        assert all(queue.cancel(handle) for handle in handles)
+        del handles
+        gc.collect()
+        left = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert left < held / 4, f"{held / 5_000:.0f} B a job held, {left / 5_000:.0f} B a job left after cancel"
+    assert queue.parked() == []
+    assert queue.pending_count() == 0
+    queue.shutdown()
 
 
 def test_a_job_claimed_ahead_in_this_process_and_cancelled_never_runs(make_queue: QueueFactory) -> None:

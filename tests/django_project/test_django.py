@@ -393,6 +393,20 @@ def test_without_use_tz_a_tasks_times_are_naive_like_djangos() -> None:
         assert abs(timezone.now() - result.finished_at) < datetime.timedelta(minutes=1)  # type: ignore[operator]
 
 
+def test_the_admin_finds_a_task_by_its_result_id_with_its_path_and_arguments(alias: str) -> None:
+    result = jobs.add.enqueue(7, 8)
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+    for base in ("/admin/syncjobs/queuedjob/", "/admin/syncjobs/finishedjob/"):  # queued, then finished
+        page = client.get(base, {"q": result.id}).content.decode()
+        assert f"{base}{result.id}/change/" in page
+        assert ADD in page
+        detail = client.get(f"{base}{result.id}/change/").content.decode()
+        assert "&quot;args&quot;: [\n    7,\n    8\n  ]" in detail
+        run_worker()
+    assert jobs.add.get_result(result.id).return_value == 15
+
+
 def test_a_tasks_result_is_gone_after_keep_result(alias: str) -> None:
     with override_settings(SYNCJOBS={**settings.SYNCJOBS, "KEEP_RESULT": 0}):
         result = jobs.add.enqueue(1, 2)
