@@ -336,6 +336,7 @@ def test_tasks_enqueue_run_and_answer_get_result(alias: str) -> None:
     assert (fetched.args, fetched.kwargs) == ([2, 3], {})
     assert fetched.attempts == 1
     assert fetched.enqueued_at <= fetched.started_at <= fetched.finished_at
+    assert abs(fetched.enqueued_at - result.enqueued_at) < datetime.timedelta(seconds=1)  # type: ignore[operator]
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 5)
     assert seen == [("enqueued", "READY"), ("started", "RUNNING"), ("finished", "SUCCESSFUL")]

@@ -100,7 +100,7 @@ class SyncJobsBackend(BaseTaskBackend):
             task=task,
             id=str(handle),
             status=TaskResultStatus(READY),
-            enqueued_at=timezone.now(),
+            enqueued_at=_shown(utc(created_at(handle))),  # as get_result() reads it: the job id's time
             started_at=None,
             last_attempted_at=None,
             finished_at=None,
