@@ -137,7 +137,8 @@ def carried_context() -> contextvars.Context:
     global _last_carried  # noqa: PLW0603 - a cache; a race between threads only loses a share
     last = _last_carried
     # Identity, not ==: equal values may be different objects (and == runs user code).
-    if len(last) == len(context) and all(last.get(var, _MISSING) is value for var, value in context.items()):
+    size = len(context)
+    if len(last) == size and (not size or all(last.get(var, _MISSING) is value for var, value in context.items())):
         return last
     _last_carried = context
     return context

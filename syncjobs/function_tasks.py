@@ -51,6 +51,13 @@ class FunctionJob(Job):
 
     @classmethod
     def from_payload(cls, data: dict[str, Any]) -> Self:
+        if len(data) == 2:  # what dispatch() writes: both keys, decoded as a list and a dict
+            try:
+                args, kwargs = data["args"], data["kwargs"]
+            except KeyError:
+                args = kwargs = None
+            if type(args) is list and type(kwargs) is dict:
+                return cls(args, kwargs)
         args, kwargs = data.get("args", []), data.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict) or not data.keys() <= _PAYLOAD_KEYS:
             raise ValueError(
@@ -117,7 +124,8 @@ class Task(Generic[P, R]):
         except TypeError as exc:
             raise QueueError(f"task {self.name!r}: {exc}") from None
         try:
-            return self._send(self.job_class(positional, named), **self._options)
+            job = self.job_class(positional, named)
+            return self._send(job, **self._options) if self._options else self._send(job)
         except QueueError as exc:
             problem = self._call.describe(positional, named)
             if problem is None:  # not the arguments: a bad delay, say, or a carried value
