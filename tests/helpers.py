@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
+import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -156,3 +158,22 @@ def wait_until(condition: Callable[[], bool], timeout: float = WAIT, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.002)  # the poll interval of a deadline-bounded wait, not a synchronisation
+
+
+def popen_interruptible(args: list[str], **kwargs: Any) -> subprocess.Popen[str]:
+    """``subprocess.Popen``, with SIGINT at its default in the child: Ctrl-C (SIGINT) interrupts it.
+
+    A test run launched in the background of a non-interactive shell has
+    SIGINT ignored, and a child inherits that across exec, so a test that
+    presses Ctrl-C on it would press in vain. A handler does not survive
+    exec: set for the moment of the spawn, the child starts with SIGINT at
+    its default. Only this call changes: the test run's own SIGINT stays as
+    it was. From the main thread, as every signal handler is set.
+    """
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        return subprocess.Popen(args, **kwargs)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

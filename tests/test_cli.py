@@ -21,7 +21,7 @@ import syncjobs
 from syncjobs.database.dialects import dialect_for
 from syncjobs.database.schema import SCHEMA_VERSION
 from tests.cli_jobs import Quick, Sleepy, Stubborn, shout
-from tests.helpers import WAIT
+from tests.helpers import WAIT, popen_interruptible
 from tests.test_database import drop_tables, execute
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,9 +37,11 @@ def table(db_url: str) -> Iterator[str]:
 class Command:
     """A ``syncjobs`` subprocess whose output lines are read as they come."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(
+    def __init__(self, *args: str, env: dict[str, str] | None = None, stdin: Any = subprocess.DEVNULL) -> None:
+        # stdin is never the test run's own: a command that asks on a terminal would wait for an answer.
+        self.proc = popen_interruptible(
             [sys.executable, "-m", "syncjobs", *args],
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -531,6 +533,81 @@ def test_dead_retry_all_requeues_every_dead_letter_of_a_queue(db_url: str, table
     code, _, err = run("dead", "retry", *base)
     assert code == 1
     assert "name the dead letters to retry" in err
+
+
+def test_dead_purge_says_which_dead_letters_or_deletes_nothing(db_url: str, table: str) -> None:
+    seed(db_url, table)
+    base = ("--url", db_url, "--table", table)
+    code, _, err = run("dead", "purge", *base)
+    assert code == 2
+    assert "one of the arguments --all --older-than is required" in err
+    code, _, err = run("dead", "purge", "--all", "--older-than", "1h", *base)
+    assert code == 2
+    assert "not allowed with argument" in err
+    assert execute(db_url, f"SELECT COUNT(*) FROM {table} WHERE state = 'dead'") == [(2,)]
+    # Not at a terminal (a script, cron): --all is the answer, and nothing is asked.
+    code, out, _ = run("dead", "purge", "--all", "--queue", "mail", *base)
+    assert (code, out) == (0, "purged 1 dead letter(s) of queue 'mail'\n")
+    assert execute(db_url, f"SELECT queue FROM {table} WHERE state = 'dead'") == [("default",)]
+
+
+class Terminal:
+    """A pseudo-terminal to give a command as its stdin: it asks there, and reads the answer typed."""
+
+    def __init__(self) -> None:
+        self.master, self.slave = os.openpty()
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def close(self) -> None:
+        os.close(self.master)
+        os.close(self.slave)
+
+
+@pytest.mark.parametrize("answer", ["n", "", "yes"])
+def test_dead_purge_on_a_terminal_says_how_many_and_asks_first(db_url: str, table: str, answer: str) -> None:
+    seed(db_url, table)
+    terminal = Terminal()
+    try:
+        # Typed ahead: the terminal holds the line until the command reads it, after its question.
+        terminal.type(answer + "\n")
+        code, out, err = run_at(terminal, "dead", "purge", "--all", "--url", db_url, "--table", table)
+    finally:
+        terminal.close()
+    assert err.startswith(f"purge 2 dead letter(s) from {table}? [y/N] ")
+    left = execute(db_url, f"SELECT COUNT(*) FROM {table} WHERE state = 'dead'")
+    if answer == "yes":
+        assert (code, out, left) == (0, "purged 2 dead letter(s)\n", [(0,)])
+    else:
+        assert (code, out, left) == (1, "", [(2,)])
+        assert err.endswith("nothing purged\n")
+
+
+def test_dead_purge_on_a_terminal_asks_nothing_with_yes_or_when_none_match(db_url: str, table: str) -> None:
+    seed(db_url, table)
+    base = ("--url", db_url, "--table", table)
+    terminal = Terminal()
+    try:
+        # Dead 1 minute and 2 hours ago: none 3 hours old.
+        code, out, _ = run_at(terminal, "dead", "purge", "--older-than", "3h", *base)
+        assert (code, out) == (0, "no dead letters older than 3h to purge\n")
+        code, out, err = run_at(terminal, "dead", "purge", "-y", "--older-than", "1h", *base)
+        assert (code, out) == (0, "purged 1 dead letter(s) older than 1h\n")
+        assert "[y/N]" not in err
+    finally:
+        terminal.close()
+    assert execute(db_url, f"SELECT queue FROM {table} WHERE state = 'dead'") == [("mail",)]
+
+
+def run_at(terminal: Terminal, *args: str) -> tuple[int, str, str]:
+    """``run()`` with ``terminal`` as stdin; nothing is typed, so a command that asked would time out."""
+    command = Command(*args, stdin=terminal.slave)
+    try:
+        code = command.wait()
+    finally:
+        command.kill()
+    return code, "".join(command.out), "".join(command.err)
 
 
 def test_a_bad_duration_is_refused(db_url: str, table: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import WAIT
+from tests.helpers import WAIT, popen_interruptible
 from tests.test_database import execute
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -20,14 +20,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _python(*args: str, **kwargs: object) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.Popen(
+    return popen_interruptible(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
         cwd=ROOT,
-        **kwargs,  # type: ignore[call-overload]
+        **kwargs,
     )
 
 

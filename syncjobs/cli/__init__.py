@@ -126,10 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     retry.add_argument("ids", nargs="*", metavar="ID", help="job ids to retry")
     retry.add_argument("--all", action="store_true", help="retry every dead letter (of --queue, if given)")
-    purge = actions.add_parser("purge", parents=[_target(), _logging(), _queue_filter()], help="delete dead letters")
-    purge.add_argument(
+    purge = actions.add_parser(
+        "purge",
+        parents=[_target(), _logging(), _queue_filter()],
+        help="delete dead letters: --all, or --older-than DURATION",
+        description="Delete dead letters for good: every one (--all), or those dead at least DURATION "
+        "(--older-than), of --queue if given. On a terminal it says how many and asks first.",
+    )
+    which = purge.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", action="store_true", help="every dead letter (of --queue, if given)")
+    which.add_argument(
         "--older-than", metavar="DURATION", help="only those dead at least this long: 90s, 15m, 12h, 7d, 2w"
     )
+    purge.add_argument("-y", "--yes", action="store_true", help="do not ask first on a terminal")
     dead.set_defaults(handler=inspect.dead)
 
     demo = commands.add_parser(

@@ -214,14 +214,30 @@ def dead(args: argparse.Namespace, out: TextIO | None = None) -> int:
             return 0
         if args.action == "retry":
             return _dead_retry(admin, args, out)
-        older = parse_duration(args.older_than) if args.older_than else 0.0
-        purged = admin.purge(older_than=older, queue=args.queue)
-        out.write(
-            f"purged {purged} dead letter(s)" + (f" older than {args.older_than}" if args.older_than else "") + "\n"
-        )
-        return 0
+        return _dead_purge(admin, args, out)
     finally:
         admin.close()
+
+
+def _dead_purge(admin: TableAdmin, args: argparse.Namespace, out: TextIO) -> int:
+    older = parse_duration(args.older_than) if args.older_than else 0.0
+    scope = (f" of queue {args.queue!r}" if args.queue else "") + (
+        f" older than {args.older_than}" if args.older_than else ""
+    )
+    if not args.yes and sys.stdin is not None and sys.stdin.isatty():
+        # Someone at a terminal: a purge cannot be undone, so it says what it would delete first.
+        count = admin.count_dead(older_than=older, queue=args.queue)
+        if count == 0:
+            out.write(f"no dead letters{scope} to purge\n")
+            return 0
+        sys.stderr.write(f"purge {count} dead letter(s){scope} from {admin.table}? [y/N] ")
+        sys.stderr.flush()
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            sys.stderr.write("nothing purged\n")
+            return 1
+    purged = admin.purge(older_than=older, queue=args.queue)
+    out.write(f"purged {purged} dead letter(s){scope}\n")
+    return 0
 
 
 def _dead_list(admin: TableAdmin, args: argparse.Namespace, out: TextIO) -> int:

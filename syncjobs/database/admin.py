@@ -246,11 +246,21 @@ class TableAdmin:
 
     def purge(self, *, older_than: float = 0.0, queue: str | None = None) -> int:
         """Delete dead letters that died at least ``older_than`` seconds ago; returns how many."""
-        if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not older_than >= 0:
-            raise ValueError(f"older_than must be seconds >= 0, got {older_than!r}")
         sql = self._sql(queries.PURGE_DEAD, queue)
-        count: int = self._run(sql, _with_queue((float(older_than),), queue), rows=False)
+        count: int = self._run(sql, _with_queue((_seconds_ago(older_than),), queue), rows=False)
         return count
+
+    def count_dead(self, *, older_than: float = 0.0, queue: str | None = None) -> int:
+        """How many dead letters died at least ``older_than`` seconds ago: what ``purge()`` would delete now."""
+        sql = self._sql(queries.COUNT_DEAD, queue)
+        [(count,)] = self._run(sql, _with_queue((_seconds_ago(older_than),), queue))
+        return int(count)
+
+
+def _seconds_ago(older_than: object) -> float:
+    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not older_than >= 0:
+        raise ValueError(f"older_than must be seconds >= 0, got {older_than!r}")
+    return float(older_than)
 
 
 def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:

@@ -286,4 +286,7 @@ RETRY_DEAD_ALL = (
     "cancel_requested = NULL "
     "WHERE state = 'dead'{queue_filter}"
 )
-PURGE_DEAD = "DELETE FROM {table} WHERE state = 'dead' AND finished_at <= {now_once} - ?{queue_filter}"
+# The dead letters that died at least ? seconds ago: what a purge deletes, and what it asks about first.
+_DEAD_SINCE = "WHERE state = 'dead' AND finished_at <= {now_once} - ?{queue_filter}"
+PURGE_DEAD = "DELETE FROM {table} " + _DEAD_SINCE
+COUNT_DEAD = "SELECT COUNT(*) FROM {table} " + _DEAD_SINCE
