@@ -170,8 +170,13 @@ def _find(value: Any, path: str, seen: set[int], noun: str = "field") -> str | N
         return _first(_find_in_item(where, path, key, item, seen, noun=noun) for key, item in value.items())
     if isinstance(value, tuple):
         return f"{where} is a tuple, which comes back from JSON as a list"
+    return f"{where} is {a_kind(value)}, which is not JSON-serializable"
+
+
+def a_kind(value: object) -> str:
+    """The type of ``value`` with its article, as a message says it: 'an int', 'a str'."""
     kind = type(value).__name__
-    return f"{where} is {'an' if kind[:1] in 'aeiouAEIOU' else 'a'} {kind}, which is not JSON-serializable"
+    return f"{'an' if kind[:1] in 'aeiouAEIOU' else 'a'} {kind}"
 
 
 def _find_in_item(where: str, path: str, key: Any, item: Any, seen: set[int], *, noun: str) -> str | None:

@@ -13,6 +13,9 @@ import threading
 
 import syncjobs
 
+#: Not a queue: what `--app tests.cli_jobs:ANSWER` is refused for.
+ANSWER = 42
+
 
 def _started(what: str) -> syncjobs.RunInfo:
     info = syncjobs.current_job()

@@ -610,10 +610,67 @@ def run_at(terminal: Terminal, *args: str) -> tuple[int, str, str]:
     return code, "".join(command.out), "".join(command.err)
 
 
-def test_a_bad_duration_is_refused(db_url: str, table: str) -> None:
-    code, _, err = run("dead", "purge", "--url", db_url, "--table", table, "--older-than", "soon")
+@pytest.mark.parametrize("command", [("stats",), ("dead", "list"), ("show", "some-id"), ("cancel", "some-id")])
+def test_a_command_on_a_missing_table_says_to_migrate_and_creates_nothing(
+    db_url: str, table: str, command: tuple[str, ...]
+) -> None:
+    code, out, err = run(*command, "--url", db_url, "--table", table)
+    assert (code, out) == (1, "")
+    assert f"there is no table {table} in the {dialect_for(db_url).name} database at " in err
+    assert err.endswith("`syncjobs migrate` with the same --url creates it\n")
+    with pytest.raises(Exception, match=r"(?i)no such table|does not exist|doesn't exist"):
+        execute(db_url, f"SELECT COUNT(*) FROM {table}")  # nothing was made
+
+
+def test_a_command_on_a_missing_sqlite_file_says_to_migrate_and_does_not_create_it(tmp_path: Any) -> None:
+    path = tmp_path / "typo.db"
+    for command in (("stats",), ("dead", "purge", "--all")):
+        code, out, err = run(*command, "--url", f"sqlite:///{path}")
+        assert (code, out) == (1, "")
+        assert f"there is no SQLite database at {path}: `syncjobs migrate` with the same --url creates it" in err
+        assert not path.exists()
+    code, _, err = run("migrate", "--url", f"sqlite:///{path}")
+    assert code == 0, err
+    code, out, err = run("stats", "--url", f"sqlite:///{path}")
+    assert (code, out) == (0, "no jobs\n\n0 live worker(s)\n"), err
+
+
+@pytest.mark.parametrize("command", [("migrate", "--sql"), ("stats", "--json")])
+def test_output_to_a_reader_that_went_away_ends_quietly(tmp_path: Any, command: tuple[str, ...]) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert run("migrate", "--url", url)[0] == 0
+    read, write = os.pipe()
+    os.close(read)  # as `| head` does once it has its lines
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "syncjobs", *command, "--url", url],
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
+    os.close(write)
+    try:
+        _, err = proc.communicate(timeout=WAIT)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (proc.returncode, err) == (128 + signal.SIGPIPE, "")
+
+
+def test_an_app_that_is_not_a_queue_is_named_with_its_kind() -> None:
+    code, _, err = run("stats", "--app", "tests.cli_jobs:ANSWER")
     assert code == 1
-    assert "'soon' is not a duration" in err
+    assert "APP 'tests.cli_jobs:ANSWER' is an int, not a syncjobs queue" in err
+
+
+@pytest.mark.parametrize("duration", ["soon", "7x", ""])
+def test_a_bad_duration_is_a_usage_error_before_anything_is_read(duration: str) -> None:
+    code, out, err = run("dead", "purge", "--url", "sqlite:///never/made.db", "--older-than", duration)
+    assert (code, out) == (2, "")
+    assert "usage: syncjobs dead purge" in err
+    assert "argument --older-than: " in err
+    assert "is not a duration" in err or "the duration is empty" in err
 
 
 # -- demo and help ------------------------------------------------------------------------

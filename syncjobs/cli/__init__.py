@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from .. import __version__
 from ..urls import redact
 from . import inspect, logs, worker
+from .table import parse_duration
 from .target import URL_VARIABLE, CommandError, one_line
 
 EPILOG = f"""\
@@ -136,7 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     which = purge.add_mutually_exclusive_group(required=True)
     which.add_argument("--all", action="store_true", help="every dead letter (of --queue, if given)")
     which.add_argument(
-        "--older-than", metavar="DURATION", help="only those dead at least this long: 90s, 15m, 12h, 7d, 2w"
+        "--older-than",
+        type=_duration,
+        metavar="DURATION",
+        help="only those dead at least this long: 90s, 15m, 12h, 7d, 2w",
     )
     purge.add_argument("-y", "--yes", action="store_true", help="do not ask first on a terminal")
     dead.set_defaults(handler=inspect.dead)
@@ -182,6 +187,15 @@ def _logging(default: str = "INFO") -> argparse.ArgumentParser:
     return common
 
 
+def _duration(text: str) -> str:
+    """A duration as typed (what messages repeat), once it reads as one."""
+    try:
+        parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _interval(text: str) -> float:
     value = worker.seconds(text)
     if value <= 0:
@@ -203,7 +217,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.configure(args.log_level, args.log_format)
     try:
         code: int = args.handler(args)
+        sys.stdout.flush()  # here, where a reader gone away is seen, not at exit
         return code
+    except BrokenPipeError:
+        # What reads the output stopped (`| head`, `| true`): it wanted no more, and that is no error.
+        # Pointing stdout at devnull keeps the interpreter's flush at exit from failing again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE  # as a command the default SIGPIPE ended
     except CommandError as exc:
         logging.getLogger("syncjobs").debug("the command failed", exc_info=True)
         sys.stderr.write(f"syncjobs {args.command}: error: {_hide_url_secrets(str(exc), args)}\n")

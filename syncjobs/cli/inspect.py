@@ -5,18 +5,27 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from typing import TextIO
 
 from ..database.admin import DeadRow, Stats, TableAdmin
+from ..database.dialects import SQLITE, dialect_for
+from ..database.sqlite import database_file
 from ..errors import QueueError
 from ..status import JobStatus
+from ..urls import mask_url
 from .table import human_seconds, parse_duration, render
 from .target import DEFAULT_TABLE, CommandError, check_reachable, database_url, load_app
 
 
-def open_admin(args: argparse.Namespace) -> TableAdmin:
+def open_admin(args: argparse.Namespace, *, creates: bool = False) -> TableAdmin:
+    """The table's admin; unless the command ``creates`` the tables, ``CommandError`` where there are none.
+
+    Only ``migrate`` makes a database file or a table: a command that reads
+    or changes rows says that they are missing, and how to make them.
+    """
     if args.app and args.url:
         raise CommandError("give an APP or --url, not both (the APP's queue knows its URL)")
     if args.app:
@@ -24,11 +33,22 @@ def open_admin(args: argparse.Namespace) -> TableAdmin:
         url, table = queue.url, queue.table
     else:
         url, table = database_url(args.url), args.table or DEFAULT_TABLE
-    check_reachable(url)
     try:
-        return TableAdmin.connect(url, table=table)
+        dialect = dialect_for(url)
     except QueueError as exc:
         raise CommandError(str(exc)) from exc
+    missing = f"`syncjobs migrate` with the same {'APP' if args.app else '--url'} creates it"
+    if not creates and dialect is SQLITE and not os.path.exists(database_file(url)):
+        raise CommandError(f"there is no SQLite database at {database_file(url)}: {missing}")
+    check_reachable(url)
+    try:
+        admin = TableAdmin.connect(url, table=table)
+    except QueueError as exc:
+        raise CommandError(str(exc)) from exc
+    if not creates and admin.schema_version() is None:
+        admin.close()
+        raise CommandError(f"there is no table {table} in the {dialect.name} database at {mask_url(url)}: {missing}")
+    return admin
 
 
 # -- migrate -------------------------------------------------------------------------
@@ -36,7 +56,7 @@ def open_admin(args: argparse.Namespace) -> TableAdmin:
 
 def migrate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout  # looked up per call: a test runner may have replaced it
-    admin = open_admin(args)
+    admin = open_admin(args, creates=True)
     try:
         if args.sql:
             for statement in admin.ddl():

@@ -20,6 +20,7 @@ from ..database.dialects import Connector
 from ..errors import QueueError
 from ..job import Job
 from ..memory import InMemoryJobQueue
+from ..payload import a_kind
 from ..queue import DEFAULT_SHUTDOWN_GRACE
 from ..status import DEFAULT_KEEP_RESULT
 from ..urls import mask_url, redact
@@ -68,7 +69,7 @@ def load_app(path: str) -> DatabaseJobQueue:
             "where queue.start() runs them; a worker process needs a database queue"
         )
     if not isinstance(target, DatabaseJobQueue):
-        raise CommandError(f"APP {path!r} is a {type(target).__name__}, not a syncjobs queue")
+        raise CommandError(f"APP {path!r} is {a_kind(target)}, not a syncjobs queue")
     return target
 
 

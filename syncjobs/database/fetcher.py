@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..envelope import ClaimedEnvelope
+from ..payload import a_kind
 from .claim_floor import LOWEST_DOUBLE, ClaimFloor
 from .dialect import Dialect
 from .mysql import MYSQL
@@ -97,7 +98,7 @@ def decode_row(row: Sequence[Any], token: str | None, carry: dict[str, contextva
 
 def _check_text(value: Any, column: str) -> None:
     if not isinstance(value, str):
-        raise Undecodable(f"its {column} is not text (a {type(value).__name__})")
+        raise Undecodable(f"its {column} is not text ({a_kind(value)})")
     if not value.isascii():  # ASCII is UTF-8; most payloads are, and the check costs no copy
         _check_utf8(value, column)
 
@@ -123,7 +124,7 @@ def _context(carried: Any, carry: dict[str, contextvars.ContextVar[Any]]) -> con
     if carried is None or carried == "":
         return context
     if not isinstance(carried, str):
-        raise Undecodable(f"its carried context is not text (a {type(carried).__name__})")
+        raise Undecodable(f"its carried context is not text ({a_kind(carried)})")
     _check_utf8(carried, "carried context")
     # Running without the variables the dispatcher carried (a tenant, a
     # user) could act for the wrong one: a context that does not decode is
@@ -135,7 +136,7 @@ def _context(carried: Any, carry: dict[str, contextvars.ContextVar[Any]]) -> con
     except ValueError as exc:
         raise Undecodable(f"its carried context is not JSON: {exc}") from None
     if not isinstance(values, dict):
-        raise Undecodable(f"its carried context is not a JSON object (a {type(values).__name__})")
+        raise Undecodable(f"its carried context is not a JSON object ({a_kind(values)})")
     for name, value in values.items():
         var = carry.get(name)
         if var is not None:
