@@ -468,6 +468,21 @@ def test_stats_counts_by_queue_and_state_with_the_live_workers(db_url: str, tabl
     assert re.search(r"box\s+4242\s+mail\s+8\s+5m0\ds\s+[\d.]+s ago", out), out
 
 
+def test_stats_says_when_a_running_job_has_no_live_worker(db_url: str, table: str) -> None:
+    seed(db_url, table)
+    code, out, _ = run("stats", "--url", db_url, "--table", table)
+    assert code == 0
+    assert "no live worker" not in out  # w1 serves 'mail', where the job runs
+    execute(db_url, f"DELETE FROM {table}_workers")
+    code, out, _ = run("stats", "--url", db_url, "--table", table)
+    assert code == 0
+    assert "0 live worker(s)" in out
+    assert out.endswith(
+        "queue 'mail': 1 running with no live worker: the worker that took it stopped or died, "
+        "and a worker of the queue takes it back once the lease expires\n"
+    )
+
+
 def test_stats_watch_refreshes_until_interrupted(db_url: str, table: str) -> None:
     seed(db_url, table)
     command = Command("stats", "--url", db_url, "--table", table, "--watch", "0.1")
@@ -691,7 +706,7 @@ def test_help_explains_every_command_and_version_prints() -> None:
     assert code == 0
     for command in ("worker", "migrate", "stats", "dead", "demo"):
         assert command in out
-    code, out, _ = run("worker", "--help")
+    code, out, _ = run("worker", "--help", env={"COLUMNS": "80"})
     assert code == 0
     for option in (
         "--import",
@@ -704,5 +719,8 @@ def test_help_explains_every_command_and_version_prints() -> None:
         "--burst",
     ):
         assert option in out
+    assert "-w WORKERS, --workers WORKERS" in out
+    assert "-q NAME, --queue NAME" in out
+    assert max(len(line) for line in out.splitlines()) <= 80, out  # wrapped for a terminal, as argparse's own
     code, out, _ = run("--version")
     assert (code, out) == (0, f"syncjobs {syncjobs.__version__}\n")

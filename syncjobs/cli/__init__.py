@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from .. import __version__
@@ -20,6 +21,10 @@ A queue is found from --url (or ${URL_VARIABLE}): sqlite:///path/jobs.db,
 postgresql://user@host/db or mysql://user@host/db; or from an APP, the
 'package.module:attr' path of the app's queue (or of a function returning it).
 """
+
+
+#: The width argparse wraps help to on an 80-column terminal.
+_HELP_WIDTH = 78
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,10 +41,14 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         parents=[_target(app_positional=True), _logging()],
         help="run workers until SIGTERM or SIGINT",
-        description="Take jobs from the queue and run them until told to stop. The first SIGTERM or "
-        "SIGINT stops claiming and gives running jobs --grace seconds; what still runs then is "
-        "cancelled and handed back to the queue. A second signal hands them back at once. Prints one "
-        "'syncjobs worker ready' line when it is taking work; exits 0 after a clean stop.",
+        # Wrapped here: the raw formatter (which keeps the epilog's lines) wraps nothing.
+        description=textwrap.fill(
+            "Take jobs from the queue and run them until told to stop. The first SIGTERM or "
+            "SIGINT stops claiming and gives running jobs --grace seconds; what still runs then is "
+            "cancelled and handed back to the queue. A second signal hands them back at once. Prints one "
+            "'syncjobs worker ready' line when it is taking work; exits 0 after a clean stop.",
+            _HELP_WIDTH,
+        ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -143,6 +143,14 @@ def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str 
             for w in snapshot.workers
         ]
         out.write(render(("HOST", "PID", "QUEUE", "THREADS", "UP", "HEARTBEAT"), workers, numeric=(1, 3)))
+    served = {w.queue for w in snapshot.workers}
+    for q in snapshot.queues:
+        if q.running and q.queue not in served:
+            out.write(
+                f"queue {q.queue!r}: {q.running} running with no live worker: the worker that took "
+                f"{'them' if q.running > 1 else 'it'} stopped or died, and a worker of the queue takes "
+                f"{'them' if q.running > 1 else 'it'} back once the lease expires\n"
+            )
 
 
 # -- one job ---------------------------------------------------------------------------

@@ -51,9 +51,10 @@ StopRequest = Callable[[str, int], None]
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--workers", type=positive_int, help="worker threads per queue (default: the APP queue's, else 4)"
+        "-w", "--workers", type=positive_int, help="worker threads per queue (default: the APP queue's, else 4)"
     )
     parser.add_argument(
+        "-q",
         "--queue",
         dest="queues",
         action="append",
