@@ -24,6 +24,7 @@ from .cli.inspect import print_stats
 from .cli.logs import use_colour
 from .context import RunInfo, current_job
 from .database import DatabaseJobQueue
+from .database.admin import Stats
 from .envelope import DeadLetter
 from .errors import Fatal, Retryable
 from .job import Job
@@ -191,10 +192,10 @@ def run_demo(
     with contextlib.ExitStack() as cleanup:
         if url is None:
             folder = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="syncjobs-demo-"))
-            url, where = f"sqlite:///{folder}/jobs.db", "SQLite in a temporary file"
+            url, where, users = f"sqlite:///{folder}/jobs.db", "SQLite in a temporary file", False
         else:
-            where = mask_url(url)
-        return _run(url, where, jobs=jobs, workers=workers, grace=grace, seed=seed, out=out, log_level=log_level)
+            where, users = mask_url(url), True
+        return _run(url, where, users, jobs=jobs, workers=workers, grace=grace, seed=seed, out=out, log_level=log_level)
 
 
 def _make_queue(url: str, run_id: str, workers: int, grace: float) -> JobQueue:
@@ -217,7 +218,19 @@ def _make_queue(url: str, run_id: str, workers: int, grace: float) -> JobQueue:
     return queue
 
 
-def _run(url: str, where: str, *, jobs: int, workers: int, grace: float, seed: int, out: TextIO, log_level: str) -> int:
+def _run(
+    url: str,
+    where: str,
+    users: bool,
+    *,
+    jobs: int,
+    workers: int,
+    grace: float,
+    seed: int,
+    out: TextIO,
+    log_level: str,
+) -> int:
+    """The demo on ``url``: the user's own database if ``users``, where it deletes what it made once done."""
     run_id = uuid.uuid4().hex[:12]
     tracker = _TRACKERS[run_id] = Tracker()
     queue = _make_queue(url, run_id, workers, grace)
@@ -261,13 +274,21 @@ def _run(url: str, where: str, *, jobs: int, workers: int, grace: float, seed: i
     out.write("\n" if live else "")
     _summary(out, tracker, pending, time.monotonic() - started)
     if isinstance(queue, DatabaseJobQueue):
-        out.write(f"\n$ syncjobs stats  (table {queue.table}, queue {queue.queue_name})\n")
-        print_stats(snapshot or queue.admin.stats(), False, out, only_queue=queue.queue_name)
-        queue.shutdown()  # closes the connections the counts above opened
+        _stats_then_clean_up(queue, snapshot, users, out)
     del _TRACKERS[run_id]
     if interrupted:
         return 130
     return 0 if tracker.done + len(tracker.dead) == jobs and pending == 0 else 1
+
+
+def _stats_then_clean_up(queue: DatabaseJobQueue, snapshot: Stats | None, users: bool, out: TextIO) -> None:
+    """The stats of the demo's queue; then, in the user's own database, its rows deleted (its tables stay)."""
+    out.write(f"\n$ syncjobs stats  (table {queue.table}, queue {queue.queue_name})\n")
+    print_stats(snapshot or queue.admin.stats(), False, out, only_queue=queue.queue_name)
+    if users:
+        deleted = queue.admin.delete_queue(queue.queue_name)
+        out.write(f"\ndeleted the demo's queue {queue.queue_name} from table {queue.table}: {deleted} job(s)\n")
+    queue.shutdown()  # closes the connections the counts above opened
 
 
 def _summary(out: TextIO, tracker: Tracker, pending: int, elapsed: float) -> None:

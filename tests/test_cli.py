@@ -691,13 +691,19 @@ def test_a_bad_duration_is_a_usage_error_before_anything_is_read(duration: str) 
 # -- demo and help ------------------------------------------------------------------------
 
 
-def test_demo_on_a_database_url_prints_its_summary_and_stats(db_url: str) -> None:
+def test_demo_on_a_database_url_prints_its_summary_and_stats_then_deletes_its_rows(db_url: str) -> None:
     code, out, err = run("demo", "--url", db_url, "--jobs", "60", timeout=60)
     assert code == 0, err
     assert "summary: 59 done, 1 dead, 0 pending" in out
     stats = out[out.index("$ syncjobs stats") :].splitlines()
     assert stats[1].startswith("QUEUE")
     assert stats[2].split()[1:5] == ["0", "0", "0", "1"]  # queued, running, parked, dead
+    found = re.search(r"^deleted the demo's queue (demo-\w+) from table syncjobs_demo: 1 job\(s\)$", out, re.M)
+    assert found is not None, out
+    mark = dialect_for(db_url).placeholder
+    for suffix in ("", "_results", "_done", "_workers"):
+        left = execute(db_url, f"SELECT COUNT(*) FROM syncjobs_demo{suffix} WHERE queue = {mark}", (found[1],))
+        assert left == [(0,)], suffix
     assert stats[2].split()[-1] == "59"  # done in the last minute
 
 

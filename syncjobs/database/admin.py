@@ -250,6 +250,23 @@ class TableAdmin:
         count: int = self._run(sql, _with_queue((_seconds_ago(older_than),), queue), rows=False)
         return count
 
+    def delete_queue(self, queue: str) -> int:
+        """Delete every row of ``queue``: its jobs whatever their state, their records and counts; how many jobs.
+
+        For a queue nobody serves any more (the demo's own, once it ends):
+        a worker of the queue would lose the jobs it runs.
+        """
+
+        def delete(cursor: Any) -> int:
+            counts = []
+            for suffix in ("", "_results", "_done", "_workers"):
+                cursor.execute(self._sql(queries.DELETE_QUEUE).replace("{suffix}", suffix), (queue,))
+                counts.append(int(cursor.rowcount))
+            return counts[0]  # the jobs table's
+
+        count: int = self._db.transaction(delete, timeout=self.timeout)
+        return count
+
     def count_dead(self, *, older_than: float = 0.0, queue: str | None = None) -> int:
         """How many dead letters died at least ``older_than`` seconds ago: what ``purge()`` would delete now."""
         sql = self._sql(queries.COUNT_DEAD, queue)

@@ -286,6 +286,9 @@ RETRY_DEAD_ALL = (
     "cancel_requested = NULL "
     "WHERE state = 'dead'{queue_filter}"
 )
+# Every row of one queue, whatever its state, in each table that has one: for a queue nobody serves any more.
+DELETE_QUEUE = "DELETE FROM {table}{suffix} WHERE queue = ?"
+
 # The dead letters that died at least ? seconds ago: what a purge deletes, and what it asks about first.
 _DEAD_SINCE = "WHERE state = 'dead' AND finished_at <= {now_once} - ?{queue_filter}"
 PURGE_DEAD = "DELETE FROM {table} " + _DEAD_SINCE
