@@ -35,10 +35,10 @@ class DeadLetterHandlers:
         extra = {"job_name": dead.name, "job_id": dead.job_id, "attempts": dead.attempts}
         logger.log(
             logging.WARNING if callbacks else logging.ERROR,
-            "job %s (%s) is a dead letter after %d run(s): %s",
+            "job %s (%s) is a dead letter %s: %s",
             dead.name,
             dead.job_id,
-            dead.attempts,
+            f"after {dead.attempts} run(s)" if dead.attempts else "without a run",
             dead.error,
             exc_info=exc,
             extra=extra,

@@ -373,10 +373,12 @@ class WorkerPool:
                     continue
                 envelope = run.envelope
                 logger.warning(
-                    "job %s (%s) still running after the shutdown grace of %.1fs: cancelled and handed back",
+                    "job %s (%s) still running %s: cancelled and handed back",
                     envelope.name,
                     envelope.id,
-                    grace,
+                    "when a second signal cut the shutdown grace short"
+                    if self._grace_cut.is_set()
+                    else f"after the shutdown grace of {grace:.1f}s",
                     extra=_extra(envelope),
                 )
                 self._report(run, self._hand_back(envelope, "aborted at shutdown"), "handed back at shutdown")
@@ -698,7 +700,7 @@ class WorkerPool:
             wait,
             error,
             exc_info=exc,
-            extra=_extra(envelope),
+            extra=_extra(envelope, envelope.attempt),  # the run that failed, counted already
         )
         self._store.park(envelope, self._clock() + wait)
         return wait
@@ -749,10 +751,11 @@ class WorkerPool:
         """End a cancelled job: not retried, not a dead letter; a run that began is spent."""
         envelope = run.envelope
         self._cancel_ids.discard(_cancel_key(envelope))
+        number = run.info.attempt + 1  # the run's, as its run line counts it, begun or not
         if ran:
             envelope.attempt += 1
         self._store.cancelled(envelope, run.progress_json())
-        logger.info("job %s (%s) cancelled", envelope.name, envelope.id, extra=_extra(envelope))
+        logger.info("job %s (%s) cancelled", envelope.name, envelope.id, extra=_extra(envelope, number))
 
     def _hand_back(self, envelope: Envelope, why: str) -> Outcome:
         """A run that did not finish: its attempt is spent, and it runs again unless that was the last."""
@@ -802,7 +805,7 @@ def _retry_wait(job: Job, failed: int, run: _Run, context: contextvars.Context) 
             "retry_wait() of job %s (%s) failed; using the default backoff",
             envelope.name,
             envelope.id,
-            extra=_extra(envelope),
+            extra=_extra(envelope, failed + 1),
         )
         return retry_backoff(failed)
     if not 0 <= wait < float("inf"):
@@ -811,7 +814,7 @@ def _retry_wait(job: Job, failed: int, run: _Run, context: contextvars.Context) 
             envelope.name,
             envelope.id,
             wait,
-            extra=_extra(envelope),
+            extra=_extra(envelope, failed + 1),
         )
         return retry_backoff(failed)
     return wait
@@ -821,8 +824,12 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _extra(envelope: Envelope) -> dict[str, object]:
-    return {"job_name": envelope.name, "job_id": envelope.id, "attempt": envelope.attempt}
+def _extra(envelope: Envelope, run: int | None = None) -> dict[str, object]:
+    """A log record's fields; ``attempt`` counts runs from 1, as the run lines do: the run the line is about.
+
+    That is the run under way or next (``envelope.attempt + 1``) unless ``run`` says which.
+    """
+    return {"job_name": envelope.name, "job_id": envelope.id, "attempt": envelope.attempt + 1 if run is None else run}
 
 
 def _report_crash(future: concurrent.futures.Future[None]) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import logging
 import threading
 import tracemalloc
 import uuid
@@ -157,12 +158,16 @@ def test_a_delayed_or_parked_job_cancelled_never_runs_again(make_queue: QueueFac
     assert [run["label"] for run in probe.runs] == [0]
 
 
-def test_a_running_job_cancelled_gets_its_token_and_ends_cancelled(make_queue: QueueFactory) -> None:
+def test_a_running_job_cancelled_gets_its_token_and_ends_cancelled(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
     queue = queue_with(make_queue, workers=1)
     letters: list[syncjobs.DeadLetter] = []
     queue.on_dead_letter(letters.append)
+    reports: list[Any] = []
+    queue.observe_runs(reports.append)
     probe = Probe("cooperate")
-    with queue:
+    with caplog.at_level(logging.INFO, logger="syncjobs"), queue:
         handle = queue.dispatch(OnceJob(probe.id))
         probe.wait_runs(1)
         assert handle.cancel() is True
@@ -175,6 +180,29 @@ def test_a_running_job_cancelled_gets_its_token_and_ends_cancelled(make_queue: Q
     assert (status.state, status.attempts) == ("cancelled", 1)
     assert len(probe.runs) == 1  # not retried
     assert letters == []  # not a dead letter
+    # The log record counts the run from 1, as its run report does.
+    [cancelled] = [r for r in caplog.records if r.getMessage() == f"job {OnceJob.NAME} ({handle}) cancelled"]
+    assert cancelled.attempt == 1  # type: ignore[attr-defined] - the record's extra field
+    assert [(r.id, r.attempt) for r in reports] == [(handle, 1)]
+
+
+def test_the_warning_of_a_run_past_the_grace_counts_it_as_its_report_does(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = queue_with(make_queue, workers=1)
+    reports: list[Any] = []
+    queue.observe_runs(reports.append)
+    blocked = Probe("block", "ok")
+    with caplog.at_level(logging.INFO, logger="syncjobs"):
+        queue.start()
+        handle = queue.dispatch(ProbeJob(blocked.id))
+        blocked.wait_runs(1)
+        queue.shutdown(grace=0)
+        blocked.release.set()
+    still = f"job {ProbeJob.NAME} ({handle}) still running after the shutdown grace of 0.0s"
+    [warning] = [r for r in caplog.records if r.getMessage().startswith(still)]
+    assert warning.attempt == 1  # type: ignore[attr-defined]
+    assert [(r.id, r.attempt) for r in reports] == [(handle, 1)]
 
 
 def test_a_running_job_that_ignores_its_token_still_ends_cancelled(make_queue: QueueFactory) -> None:

@@ -242,6 +242,23 @@ def test_a_finder_supplies_the_class_of_a_name_the_worker_never_registered(
     assert "finding the job class for NAME 'tests.once' failed" in caplog.text
 
 
+@pytest.mark.timeout(60)
+def test_a_name_no_worker_knows_is_a_dead_letter_without_a_run(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = make(db_url, queues, workers=0)
+    lost = sender.dispatch(OnceJob(Probe().id))
+    worker = syncjobs.DatabaseJobQueue(db_url, table=TEST_TABLE, queue=sender.queue_name, workers=1)
+    queues.append(worker)  # registers nothing
+    with worker, pytest.raises(JobFailed):
+        lost.result(WAIT)
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"job tests.once ({lost}) is a")]
+    assert line == (
+        f"job tests.once ({lost}) is a dead letter without a run: "
+        "cannot be run: no job class is registered as 'tests.once'"
+    )
+
+
 def test_dead_letters_stay_as_rows_to_inspect_retry_and_purge(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue]
 ) -> None:

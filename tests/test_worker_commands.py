@@ -202,7 +202,10 @@ def test_ctrl_c_gives_the_grace_and_a_second_hands_back_at_once(
     assert worker.proc.poll() is None  # in the grace
     worker.ctrl_c()
     assert worker.wait() == 128 + signal.SIGINT
-    assert "SIGINT again: handing running jobs back now" in "".join(worker.err)
+    err = "".join(worker.err)
+    assert "SIGINT again: handing running jobs back now" in err
+    assert f"job cli.sleepy ({job_id}) still running when a second signal cut the shutdown grace short" in err
+    assert "after the shutdown grace" not in err  # 300 s: it was not given
     assert rows(url) == [("cli.sleepy", "queued", 1)]
 
 
