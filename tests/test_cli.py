@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import queue as stdqueue
@@ -114,6 +115,14 @@ def dispatch(url: str, table: str, *jobs: syncjobs.Job, queue: str = "default", 
         producer.shutdown()
 
 
+def assert_times(fields: dict[str, Any], *names: str) -> None:
+    """``--json`` output gives each time twice: ``<name>_at`` in ISO-8601 UTC, ``<name>_at_epoch`` in Unix seconds."""
+    for name in names:
+        iso, epoch = fields[f"{name}_at"], fields[f"{name}_at_epoch"]
+        assert iso.endswith("+00:00"), iso
+        assert datetime.datetime.fromisoformat(iso).timestamp() == pytest.approx(epoch, abs=0.001)
+
+
 def rows(url: str, table: str) -> list[tuple[Any, ...]]:
     return execute(url, f"SELECT name, state, attempt FROM {table} ORDER BY created_at")
 
@@ -171,6 +180,8 @@ def test_a_worker_runs_the_function_tasks_of_the_modules_it_imports(db_url: str,
     shown = json.loads(out)
     assert (shown["state"], shown["attempts"], shown["error"]) == ("dead", 1, "job raised ValueError: nothing to shout")
     assert (shown["queue"], shown["payload"]) == ("default", {"args": [""], "kwargs": {}})
+    assert_times(shown, "created", "started", "finished")
+    assert (shown["due_at"], shown["due_at_epoch"]) == (None, None)
     assert rows(db_url, table) == [("cli.shout", "dead", 1)]
 
 
@@ -513,6 +524,8 @@ def test_dead_list_show_retry_and_purge(db_url: str, table: str) -> None:
     [entry] = [json.loads(line) for line in out.splitlines()]
     assert (entry["id"], entry["attempts"], entry["error"]) == (ids["dead"], 5, "job raised ValueError: bad address")
     assert "payload" not in entry
+    assert_times(entry, "created", "died")
+    assert abs(time.time() - 60 - entry["died_at_epoch"]) < 30  # seeded as dead a minute ago
 
     code, out, _ = run("dead", "show", ids["dead"], *base)
     assert code == 0

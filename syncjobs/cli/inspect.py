@@ -167,11 +167,10 @@ def show(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CommandError(
             f"no job with id {args.id!r} (never dispatched, or finished longer than its keep_result ago)"
         )
-    fields = _status_fields(status)
     if args.json:
-        out.write(json.dumps(fields) + "\n")
+        out.write(json.dumps(_status_json(status)) + "\n")
         return 0
-    for key, value in fields.items():
+    for key, value in _status_fields(status).items():
         if value is None or key in ("payload", "result"):
             continue
         out.write(f"{key + ':':14}{value}\n")
@@ -200,6 +199,31 @@ def _status_fields(status: JobStatus) -> dict[str, object]:
         "payload": status.payload,
         "result": status.result,
     }
+
+
+def _status_json(status: JobStatus) -> dict[str, object]:
+    """``show --json``: the record's fields, each time as ISO-8601 UTC and as epoch seconds (see ``_times``)."""
+    fields = _status_fields(status)
+    times = {
+        **_times("created", status.created_at),
+        **_times("started", status.started_at),
+        **_times("finished", status.finished_at),
+        **_times("due", status.run_at),
+    }
+    return {**{k: v for k, v in fields.items() if k not in ("created", "started", "finished", "due")}, **times}
+
+
+def _times(name: str, moment: datetime.datetime | float | None) -> dict[str, object]:
+    """One time in ``--json`` output: ``<name>_at``, ISO-8601 in UTC, and ``<name>_at_epoch``, Unix seconds."""
+    if moment is None:
+        return {f"{name}_at": None, f"{name}_at_epoch": None}
+    # Whole milliseconds first, so that the two say the same instant to the last digit.
+    millis = round((moment.timestamp() if isinstance(moment, datetime.datetime) else moment) * 1000)
+    utc = _EPOCH + datetime.timedelta(milliseconds=millis)
+    return {f"{name}_at": utc.isoformat(timespec="milliseconds"), f"{name}_at_epoch": millis / 1000}
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
 def _iso(moment: datetime.datetime | None) -> str | None:
@@ -327,8 +351,8 @@ def _dead_fields(row: DeadRow) -> dict[str, object]:
         "attempts": row.attempts,
         "max_attempts": row.max_attempts,
         "error": row.error,
-        "created_at": row.created_at,
-        "died_at": row.finished_at,
+        **_times("created", row.created_at),
+        **_times("died", row.finished_at),
         "age": round(row.age, 3),
     }
 
