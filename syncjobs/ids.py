@@ -30,6 +30,8 @@ def new_job_id() -> str:
 
 def created_at(job_id: str) -> float | None:
     """Epoch seconds when :func:`new_job_id` made ``job_id`` (its first 48 bits); None for another kind of id."""
+    if len(job_id) != 36 or job_id[14] != "7":  # not a UUIDv7: its first bits are no time
+        return None
     try:
         return int(job_id[:8] + job_id[9:13], 16) / 1000
     except ValueError:

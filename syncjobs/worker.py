@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see exit_hooks.before_threads_join
 from contextlib import AbstractContextManager
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import Cancelled, Fatal, QueueError, Retryable
+from .ids import created_at
 from .job import Job
 from .payload import dead_letter_from_text, decode, encode_result
 from .protocols import Store
@@ -53,6 +54,15 @@ class Outcome(enum.Enum):
     DEAD = "dead"
     ABORTED = "aborted"
     CANCELLED = "cancelled"
+    #: No class is registered here for the job's NAME: handed back unrun, attempt unspent, for a worker that knows it.
+    DEFERRED = "deferred"
+
+
+#: Seconds from its dispatch that a job whose NAME this worker has no class for waits for a worker that knows it
+#: (a rolling deploy: an old worker meets a new job) before it is a dead letter; a database queue's default.
+DEFAULT_UNKNOWN_JOB_WAIT = 600.0
+#: The longest such a job is handed back for before it is looked at again (a tenth of the wait, if less).
+UNKNOWN_LOOK_EVERY = 10.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +244,8 @@ class WorkerPool:
         self.timeout = timeout
         #: Seconds a finished job's record is kept, for a job without a KEEP_RESULT of its own.
         self.keep_result = keep_result
+        #: Seconds from its dispatch a job of a NAME with no class here is handed back for others; 0: dead at once.
+        self.unknown_job_wait = 0.0
         # The deadlines of runs with a timeout, on the pool's clock; their
         # thread starts with the first such run. A run that finishes in time
         # leaves its entry behind (a heap cannot drop one cheaply): at its
@@ -499,7 +511,7 @@ class WorkerPool:
             return tuple.__new__(_Ended, (Outcome.CANCELLED, "cancelled", None, None, None))
         job_cls = self._registry.get(envelope.name)
         if job_cls is None:
-            return _Ended(Outcome.DEAD, f"cannot be run: no job class is registered as {envelope.name!r}")
+            return self._unknown(envelope)
         # Decoded afresh for each run, so that a retry never sees what a run changed.
         try:
             job = run.context.run(job_cls.from_payload, decode(envelope.payload))
@@ -522,6 +534,17 @@ class WorkerPool:
             # The traceback goes to the log; the dead letter keeps the one-line reason.
             return _Ended(Outcome.RETRY, f"job raised {_describe(exc)}", job, exc)
         return _done(job, value)
+
+    def _unknown(self, envelope: Envelope) -> _Ended:
+        """A job whose NAME has no class here: deferred for a worker that knows it, until ``unknown_job_wait``."""
+        error = f"cannot be run: no job class is registered as {envelope.name!r}"
+        dispatched = created_at(envelope.id)
+        if dispatched is None or self.unknown_job_wait <= 0:  # an id that says nothing of its age: no wait
+            return _Ended(Outcome.DEAD, error)
+        left = dispatched + self.unknown_job_wait - time.time()
+        if left <= 0:
+            return _Ended(Outcome.DEAD, f"{error} by any worker within {self.unknown_job_wait:g}s of its dispatch")
+        return _Ended(Outcome.DEFERRED, error, result=min(UNKNOWN_LOOK_EVERY, self.unknown_job_wait / 10, left))
 
     def _watch(self, run: _Run, timeout: float) -> None:
         """Time ``run`` out ``timeout`` seconds from now."""
@@ -659,6 +682,17 @@ class WorkerPool:
                 logger.debug("job %s (%s) done", envelope.name, envelope.id, extra=_extra(envelope))
         elif outcome is Outcome.ABORTED:
             outcome = self._hand_back(envelope, "cancelled")
+        elif outcome is Outcome.DEFERRED:
+            retry_in = cast(float, ended.result)  # the wait, from _unknown()
+            self._store.park(envelope, self._clock() + retry_in)
+            logger.info(
+                "job %s (%s): %s here; handed back unrun for a worker that knows it, looking again in %.3gs",
+                envelope.name,
+                envelope.id,
+                error.removeprefix("cannot be run: "),
+                retry_in,
+                extra=_extra(envelope),
+            )
         elif outcome is Outcome.DEAD:
             if job is not None:  # a run happened and is spent
                 envelope.attempt += 1

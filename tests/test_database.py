@@ -6,6 +6,7 @@ import contextvars
 import dataclasses
 import importlib
 import json
+import logging
 import random
 import re
 import signal
@@ -214,8 +215,8 @@ def test_a_finder_supplies_the_class_of_a_name_the_worker_never_registered(
     found = sender.dispatch(ProbeJob(probe.id))
     lost = sender.dispatch(OnceJob(other.id))
     worker = syncjobs.DatabaseJobQueue(
-        db_url, table=TEST_TABLE, queue=sender.queue_name, workers=1, poll_interval=0.2
-    )  # registers nothing
+        db_url, table=TEST_TABLE, queue=sender.queue_name, workers=1, poll_interval=0.2, unknown_job_wait=0
+    )  # registers nothing; a name it cannot find is a dead letter at once
     queues.append(worker)
     asked: list[str] = []
 
@@ -243,20 +244,52 @@ def test_a_finder_supplies_the_class_of_a_name_the_worker_never_registered(
 
 
 @pytest.mark.timeout(60)
-def test_a_name_no_worker_knows_is_a_dead_letter_without_a_run(
+def test_a_job_an_old_worker_has_no_class_for_waits_unrun_for_one_that_has(
+    db_url: str, queues: list[syncjobs.DatabaseJobQueue], caplog: pytest.LogCaptureFixture
+) -> None:
+    sender = make(db_url, queues, workers=0)
+    probe = Probe()
+    handle = sender.dispatch(OnceJob(probe.id))
+    # The old worker of a rolling deploy: it registers nothing.
+    old = syncjobs.DatabaseJobQueue(
+        db_url, table=TEST_TABLE, queue=sender.queue_name, workers=1, poll_interval=0.2, unknown_job_wait=20
+    )  # it looks again every 2 s (a tenth of the wait)
+    queues.append(old)
+    with caplog.at_level(logging.INFO, logger="syncjobs"), old:
+        wait_until(lambda: f"job tests.once ({handle}): no job class is registered" in caplog.text, WAIT)
+    status = handle.status()
+    assert status is not None
+    assert (status.state, status.attempts) == ("scheduled", 0), status  # back in the queue, its attempt unspent
+    assert probe.runs == []
+    new = make(db_url, queues, workers=1, queue=sender.queue_name)
+    with new:
+        assert handle.result(WAIT) is None
+    assert len(probe.runs) == 1
+    assert handle.status().attempts == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.timeout(60)
+def test_a_job_no_worker_has_a_class_for_is_a_dead_letter_without_a_run_once_the_wait_is_over(
     db_url: str, queues: list[syncjobs.DatabaseJobQueue], caplog: pytest.LogCaptureFixture
 ) -> None:
     sender = make(db_url, queues, workers=0)
     lost = sender.dispatch(OnceJob(Probe().id))
-    worker = syncjobs.DatabaseJobQueue(db_url, table=TEST_TABLE, queue=sender.queue_name, workers=1)
+    worker = syncjobs.DatabaseJobQueue(
+        db_url, table=TEST_TABLE, queue=sender.queue_name, workers=1, poll_interval=0.2, unknown_job_wait=1
+    )
     queues.append(worker)  # registers nothing
     with worker, pytest.raises(JobFailed):
         lost.result(WAIT)
+    status = lost.status()
+    assert status is not None
+    assert (status.state, status.attempts) == ("dead", 0)
     [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"job tests.once ({lost}) is a")]
     assert line == (
         f"job tests.once ({lost}) is a dead letter without a run: "
-        "cannot be run: no job class is registered as 'tests.once'"
+        "cannot be run: no job class is registered as 'tests.once' by any worker within 1s of its dispatch"
     )
+    with pytest.raises(ValueError, match="unknown_job_wait must be a number of seconds >= 0"):
+        syncjobs.DatabaseJobQueue(db_url, table=TEST_TABLE, unknown_job_wait=-1)
 
 
 def test_dead_letters_stay_as_rows_to_inspect_retry_and_purge(

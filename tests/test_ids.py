@@ -29,6 +29,7 @@ def test_an_id_tells_when_it_was_made_to_the_millisecond() -> None:
     assert made is not None
     assert int(before * 1000) / 1000 <= made <= after
     assert created_at("not-a-uuid") is None
+    assert created_at(str(uuid.uuid4())) is None  # random bits where a UUIDv7 has its time
 
 
 def test_ids_made_in_later_milliseconds_sort_after_earlier_ones() -> None:

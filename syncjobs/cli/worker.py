@@ -420,6 +420,8 @@ def _log_run(report: RunReport) -> None:
         result = f"dead: {report.error}"
     elif report.outcome is Outcome.CANCELLED:
         result = "cancelled"
+    elif report.outcome is Outcome.DEFERRED:
+        result = f"handed back unrun, looking again in {report.retry_in:.3g}s: {report.error}"
     else:
         result = f"aborted: {report.error}"
     logger.info(

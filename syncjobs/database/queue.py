@@ -12,12 +12,13 @@ from typing import Any, ClassVar
 
 from ..envelope import DeadLetter, Envelope
 from ..errors import QueueError
-from ..job import Job
+from ..job import Job, check_keep_result
 from ..payload import dead_letter_from_text
 from ..protocols import Delay
 from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, new_envelope
 from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
 from ..urls import mask_url
+from ..worker import DEFAULT_UNKNOWN_JOB_WAIT
 from .admin import TableAdmin
 from .dialects import Connector, check_connection, check_table
 from .schema import SCHEMA_VERSION
@@ -35,6 +36,11 @@ class DatabaseJobQueue(StoreQueue):
 
     ``connect_args``: the driver's keyword arguments, over what ``url`` says
     (the Django integration passes the parameters Django itself connects with).
+
+    ``unknown_job_wait``: a job whose NAME this process has no class for (an
+    old worker meeting a new job in a rolling deploy) is handed back unrun,
+    its attempt unspent, for a worker that knows it, until this many seconds
+    after its dispatch; then it is a dead letter. 0: a dead letter at once.
     """
 
     dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "connection"})
@@ -58,6 +64,7 @@ class DatabaseJobQueue(StoreQueue):
         prefetch: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         connect_args: Mapping[str, Any] | None = None,
+        unknown_job_wait: float = DEFAULT_UNKNOWN_JOB_WAIT,
     ) -> None:
         check_table(table)
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
@@ -67,6 +74,10 @@ class DatabaseJobQueue(StoreQueue):
         for value, what in ((lease, "lease"), (poll_interval, "poll_interval"), (dispatch_timeout, "dispatch_timeout")):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise ValueError(f"{what} must be a number of seconds > 0, got {value!r}")
+        try:
+            check_keep_result(unknown_job_wait, "unknown_job_wait")  # seconds >= 0, as a keep is
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
         self.url = url
         self.queue_name = queue
         self.table = table
@@ -84,6 +95,7 @@ class DatabaseJobQueue(StoreQueue):
             connect_args=connect_args,
             timeout=timeout,
             keep_result=keep_result,
+            unknown_job_wait=unknown_job_wait,
         )
         self._schema_ready = False
         connector = Connector(url, connect_args)
@@ -111,6 +123,8 @@ class DatabaseJobQueue(StoreQueue):
             keep_result=keep_result,
         )
         self._prefetch = self._db.prefetch
+        # A rolling deploy: a job this process has no class for waits for one that has (see WorkerPool._unknown).
+        self._pool.unknown_job_wait = float(unknown_job_wait)
         self._db.on_expired_dead = self._expired_dead
         self._db.on_cancel_requested = self._pool.cancel_run  # rows this process holds: remembered by lease
         self._db.keep_cancelled = self.keep_result
