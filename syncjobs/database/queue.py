@@ -131,6 +131,11 @@ class DatabaseJobQueue(StoreQueue):
         #: The table's operator view (stats, dead letters of every queue), on this queue's connections.
         self.admin: TableAdmin = self._db.admin
 
+    @property
+    def unknown_job_wait(self) -> float:
+        """Seconds from its dispatch a job of a NAME with no class here waits for a worker that knows it."""
+        return self._pool.unknown_job_wait
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({mask_url(self.url)!r}, queue={self.queue_name!r}, "

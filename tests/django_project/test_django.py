@@ -184,6 +184,18 @@ def test_a_timeout_in_the_settings_is_every_queues_default(alias: str) -> None:
         assert sj.get_queue().timeout == 2.5
 
 
+def test_how_long_a_job_no_worker_knows_waits_is_a_setting(alias: str) -> None:
+    with override_settings(SYNCJOBS={"DATABASE": alias}):
+        assert sj.get_queue().unknown_job_wait == 600.0  # type: ignore[attr-defined]
+    with override_settings(SYNCJOBS={"DATABASE": alias, "UNKNOWN_JOB_WAIT": 60}):
+        assert [q.unknown_job_wait for q in sj.worker_queues(["default", "reports"])] == [60.0, 60.0]  # type: ignore[attr-defined]
+    with (
+        override_settings(SYNCJOBS={"DATABASE": alias, "UNKNOWN_JOB_WAIT": -1}),
+        pytest.raises(ImproperlyConfigured, match=r"SYNCJOBS UNKNOWN_JOB_WAIT must be a number of seconds >= 0"),
+    ):
+        sj.get_queue()
+
+
 def test_the_worker_command_refuses_the_memory_backend() -> None:
     with (
         override_settings(SYNCJOBS={"BACKEND": "memory"}),

@@ -142,6 +142,7 @@ def _build(config: conf.Config, name: str, *, workers: int | None = None, grace:
             shutdown_grace=grace,
             timeout=config.timeout,
             keep_result=config.keep_result,
+            unknown_job_wait=config.unknown_job_wait,
             table=conf.TABLE,
             auto_schema=config.database is None,
         )

@@ -15,8 +15,19 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ...job import check_keep_result, check_timeout
 from ...status import DEFAULT_KEEP_RESULT
+from ...worker import DEFAULT_UNKNOWN_JOB_WAIT
 
-KNOWN_KEYS = ("BACKEND", "URL", "DATABASE", "WORKERS", "QUEUES", "SHUTDOWN_GRACE", "TIMEOUT", "KEEP_RESULT")
+KNOWN_KEYS = (
+    "BACKEND",
+    "URL",
+    "DATABASE",
+    "WORKERS",
+    "QUEUES",
+    "SHUTDOWN_GRACE",
+    "TIMEOUT",
+    "KEEP_RESULT",
+    "UNKNOWN_JOB_WAIT",
+)
 BACKENDS = ("memory", "database")
 #: The jobs table the app's migration creates.
 TABLE = "syncjobs_jobs"
@@ -36,6 +47,8 @@ class Config:
     timeout: float | None = None
     #: Seconds a finished job's record is kept, for jobs without a KEEP_RESULT of their own.
     keep_result: float = DEFAULT_KEEP_RESULT
+    #: Seconds from its dispatch a job of a NAME no class is registered for waits for a worker that knows it.
+    unknown_job_wait: float = DEFAULT_UNKNOWN_JOB_WAIT
 
     @property
     def default_queue(self) -> str:
@@ -82,9 +95,12 @@ def read() -> Config:
     try:
         timeout = check_timeout(raw.get("TIMEOUT"), "settings.SYNCJOBS TIMEOUT")
         keep = check_keep_result(raw.get("KEEP_RESULT", DEFAULT_KEEP_RESULT), "settings.SYNCJOBS KEEP_RESULT")
+        unknown_wait = check_keep_result(
+            raw.get("UNKNOWN_JOB_WAIT", DEFAULT_UNKNOWN_JOB_WAIT), "settings.SYNCJOBS UNKNOWN_JOB_WAIT"
+        )
     except TypeError as exc:
         raise ImproperlyConfigured(str(exc)) from None
-    return Config(backend, url, database, workers, tuple(queues), float(grace), timeout, keep)
+    return Config(backend, url, database, workers, tuple(queues), float(grace), timeout, keep, unknown_wait)
 
 
 def connection_for(alias: str) -> tuple[str, dict[str, Any]]:
