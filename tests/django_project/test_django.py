@@ -504,6 +504,40 @@ def test_a_worker_that_never_imported_a_tasks_module_finds_the_task_by_its_path(
     assert (fetched.status, fetched.return_value) == (TaskResultStatus.SUCCESSFUL, 3)
 
 
+def test_every_installed_apps_jobs_module_is_found_when_django_starts(tmp_path: Path) -> None:
+    # A lean process: Django's setup and nothing else (no URLconf, no views, no checks).
+    code = textwrap.dedent(
+        """
+        import sys
+        import django
+        from django.conf import settings
+
+        settings.configure(
+            INSTALLED_APPS=["syncjobs.contrib.django", "tests.django_project.shop"],
+            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}},
+            SYNCJOBS={"DATABASE": "default"},
+            TASKS={
+                "default": {
+                    "BACKEND": "syncjobs.contrib.django.tasks.SyncJobsBackend",
+                    "QUEUES": ["default", "reports"],
+                },
+            },
+        )
+        assert "tests.django_project.shop.jobs" not in sys.modules
+        django.setup()
+        import syncjobs.contrib.django as sj
+
+        print(" ".join(sj.get_queue().registered_names()))
+        """
+    )
+    root = Path(__file__).parents[2]
+    command = [sys.executable, "-c", code, str(tmp_path / "db.sqlite3")]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, cwd=root)
+    assert done.returncode == 0, done.stderr
+    names = done.stdout.split()
+    assert {"shop.confirm_order", "cli.sleepy", "cli.stubborn"} <= set(names), names
+
+
 def test_a_failing_task_is_failed_with_its_error(alias: str) -> None:
     result = jobs.explode.enqueue("boom")
     run_worker()

@@ -1,6 +1,12 @@
 from __future__ import annotations
 
-from django.apps import AppConfig
+from importlib import import_module
+
+from django.apps import AppConfig, apps
+from django.utils.module_loading import module_has_submodule
+
+#: The modules of each installed app imported when Django starts, for the jobs and tasks they define.
+DISCOVERED = ("jobs", "tasks")
 
 
 class SyncJobsConfig(AppConfig):
@@ -8,3 +14,22 @@ class SyncJobsConfig(AppConfig):
     label = "syncjobs"
     verbose_name = "Background jobs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        discover_jobs(exclude=self)
+
+
+def discover_jobs(*, exclude: AppConfig | None = None) -> None:
+    """Import every installed app's ``jobs`` and ``tasks`` module, as the admin finds ``admin.py``.
+
+    So a job class or task is registered in every process, a worker started
+    with ``--skip-checks`` too, not only where a view happens to import it.
+    An app without such a module is skipped; an error inside one is raised,
+    as importing it would.
+    """
+    for app in apps.get_app_configs():
+        if app is exclude:
+            continue
+        for name in DISCOVERED:
+            if module_has_submodule(app.module, name):
+                import_module(f"{app.name}.{name}")
