@@ -538,6 +538,39 @@ def test_every_installed_apps_jobs_module_is_found_when_django_starts(tmp_path: 
     assert {"shop.confirm_order", "cli.sleepy", "cli.stubborn"} <= set(names), names
 
 
+def test_manage_py_check_warns_of_a_task_queue_no_worker_serves(tmp_path: Path) -> None:
+    # A project that imports nothing of django.tasks itself: the check must still run.
+    code = textwrap.dedent(
+        """
+        import sys
+        import django
+        from django.conf import settings
+        from django.core.management import call_command
+
+        settings.configure(
+            INSTALLED_APPS=["syncjobs.contrib.django"],
+            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": sys.argv[1]}},
+            SYNCJOBS={"DATABASE": "default", "QUEUES": ["default"]},
+            TASKS={
+                "default": {
+                    "BACKEND": "syncjobs.contrib.django.tasks.SyncJobsBackend",
+                    "QUEUES": ["default", "reports"],
+                },
+            },
+        )
+        django.setup()
+        call_command("check")
+        """
+    )
+    root = Path(__file__).parents[2]
+    command = [sys.executable, "-c", code, str(tmp_path / "db.sqlite3")]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=60, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert "(syncjobs.W001) task queue(s) 'reports' of TASKS['default'] are not in settings.SYNCJOBS QUEUES" in (
+        done.stderr
+    )
+
+
 def test_a_failing_task_is_failed_with_its_error(alias: str) -> None:
     result = jobs.explode.enqueue("boom")
     run_worker()

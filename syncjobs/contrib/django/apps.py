@@ -16,6 +16,11 @@ class SyncJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Django registers the check of its task backends (ours warns of a queue
+        # no worker serves: syncjobs.W001) only once django.tasks is imported,
+        # which `manage.py check` does not do by itself.
+        import django.tasks  # noqa: F401, PLC0415
+
         discover_jobs(exclude=self)
 
 
