@@ -22,6 +22,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.tasks import TaskResultStatus, task
@@ -199,9 +200,9 @@ def test_how_long_a_job_no_worker_knows_waits_is_a_setting(alias: str) -> None:
 def test_the_worker_command_refuses_the_memory_backend() -> None:
     with (
         override_settings(SYNCJOBS={"BACKEND": "memory"}),
-        pytest.raises(ImproperlyConfigured, match="memory backend: its jobs run inside the web process"),
+        pytest.raises(CommandError, match="memory backend: its jobs run inside the web process"),
     ):
-        run_worker()
+        run_worker()  # a CommandError: one line from manage.py
 
 
 def test_the_app_migration_matches_its_models() -> None:
@@ -569,6 +570,32 @@ def test_manage_py_check_warns_of_a_task_queue_no_worker_serves(tmp_path: Path) 
     assert "(syncjobs.W001) task queue(s) 'reports' of TASKS['default'] are not in settings.SYNCJOBS QUEUES" in (
         done.stderr
     )
+
+
+def test_a_mistake_in_the_settings_is_a_check_error_and_one_line_from_the_worker(tmp_path: Path) -> None:
+    (tmp_path / "typo_settings.py").write_text(
+        'from tests.django_project.settings import *  # noqa: F403\nSYNCJOBS = {"DATABASES": "default"}\n'
+    )
+    root = str(Path(__file__).parents[2])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([root, str(tmp_path)]),
+        "DJANGO_SETTINGS_MODULE": "typo_settings",
+    }
+
+    def django(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "django", *args]
+        return subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=60, check=False)
+
+    checked = django("check")
+    assert checked.returncode == 1
+    assert "(syncjobs.E002) settings.SYNCJOBS has unknown key(s) 'DATABASES'" in checked.stderr
+    assert 'HINT: What each key takes is in "Using with Django"' in checked.stderr
+    worker = django("syncjobs_worker", "--skip-checks")
+    assert worker.returncode == 1
+    assert worker.stderr.strip().splitlines() == [
+        "CommandError: settings.SYNCJOBS has unknown key(s) 'DATABASES'; known: " + ", ".join(conf.KNOWN_KEYS)
+    ]
 
 
 def test_a_failing_task_is_failed_with_its_error(alias: str) -> None:

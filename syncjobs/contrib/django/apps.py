@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from importlib import import_module
+from typing import Any
 
 from django.apps import AppConfig, apps
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import module_has_submodule
 
 #: The modules of each installed app imported when Django starts, for the jobs and tasks they define.
@@ -21,7 +24,25 @@ class SyncJobsConfig(AppConfig):
         # which `manage.py check` does not do by itself.
         import django.tasks  # noqa: F401, PLC0415
 
+        checks.register(check_settings)
         discover_jobs(exclude=self)
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``settings.SYNCJOBS`` as ``manage.py check`` sees it: each mistake an Error naming the key."""
+    from . import conf  # noqa: PLC0415 - it reads settings, which only a check should do here
+
+    try:
+        conf.read()
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint='What each key takes is in "Using with Django" in syncjobs\' README.',
+                id="syncjobs.E002",
+            )
+        ]
+    return []
 
 
 def discover_jobs(*, exclude: AppConfig | None = None) -> None:

@@ -31,6 +31,7 @@ from traceback import format_exception
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
@@ -151,7 +152,10 @@ class SyncJobsBackend(BaseTaskBackend):
                     id="syncjobs.E001",
                 )
             ]
-        served = conf.read().queues
+        try:
+            served = conf.read().queues
+        except ImproperlyConfigured:
+            return []  # syncjobs.E002, the check of the settings, says what is wrong
         unserved = sorted(set(self.queues) - set(served))
         if unserved:
             return [

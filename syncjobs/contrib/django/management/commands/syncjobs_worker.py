@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any, TextIO, cast
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
@@ -61,5 +62,5 @@ class Command(BaseCommand):
                 exit_if_stuck=True,
                 on_ready=on_ready,
             )
-        except SyncJobsCommandError as exc:
-            raise CommandError(str(exc)) from exc
+        except (SyncJobsCommandError, ImproperlyConfigured) as exc:
+            raise CommandError(str(exc)) from exc  # one line, as `syncjobs worker` says it
