@@ -6,6 +6,7 @@ import json
 import json.encoder
 import math
 import re
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -22,23 +23,32 @@ def _refuse(value: object) -> object:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-# The C encoder behind _encoder, made once: JSONEncoder.encode() builds one
-# (and a closure) for every call, which cost more than the encoding itself.
-# Without the dict of containers being encoded (markers=None) it keeps no
-# state, so threads share it, and a payload that contains itself ends in a
-# RecursionError, which encode() then names as the cycle it is.
+# The C encoder behind _encoder, made once per thread: JSONEncoder.encode()
+# builds one (and a closure) for every call, which cost more than the
+# encoding itself. Per thread, because its dict of the containers being
+# encoded (what finds a cycle at once) is its own. Without that dict, a
+# payload that contains itself would recurse to the recursion limit, which
+# with a raised limit or a small thread stack can crash the interpreter.
 _c_encoder = getattr(json.encoder, "c_make_encoder", None)
-_encode_chunks = (
-    None
-    if _c_encoder is None
-    else _c_encoder(None, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False)
-)
+_per_thread = threading.local()
 
 
 def _encode_text(payload: dict[str, Any]) -> str:
-    if _encode_chunks is None:
+    if _c_encoder is None:
         return _encoder.encode(payload)
-    return "".join(_encode_chunks(payload, 0))
+    try:
+        encode_chunks, markers = _per_thread.encoder
+    except AttributeError:
+        markers = {}
+        encode_chunks = _c_encoder(
+            markers, _refuse, json.encoder.encode_basestring, None, ":", ",", False, False, False
+        )
+        _per_thread.encoder = encode_chunks, markers
+    try:
+        return "".join(encode_chunks(payload, 0))
+    except BaseException:
+        markers.clear()  # what the failed call was encoding stays in it
+        raise
 
 
 #: The most characters of JSON a job's result may be: results are kept in the
@@ -71,7 +81,7 @@ def encode(job: Job) -> str:
     except (TypeError, ValueError) as exc:
         raise QueueError(f"job {job.NAME!r}: payload is not JSON-serializable: {describe_problem(payload)}") from exc
     except RecursionError as exc:
-        raise QueueError(f"job {job.NAME!r}: payload is {_too_deep(payload)}") from exc
+        raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
     if not text.isascii() and _SURROGATE.search(text):
         raise QueueError(f"job {job.NAME!r}: payload is not valid Unicode: {describe_problem(payload)}")
     try:
@@ -125,15 +135,6 @@ def dead_letter_from_text(job_id: str, name: str, payload: str, attempts: int, e
     except (ValueError, RecursionError):  # RecursionError: nested too deeply to decode
         data = {}
     return DeadLetter(job_id, name, data, attempts, error)
-
-
-def _too_deep(payload: dict[str, Any]) -> str:
-    """Why encoding ``payload`` recursed too deeply: a cycle (named), or a payload nested too deeply."""
-    try:
-        problem = _find(payload, "", set())
-    except RecursionError:
-        problem = None
-    return "nested too deeply for JSON" if problem is None else f"not JSON-serializable: {problem}"
 
 
 def describe_problem(payload: dict[str, Any]) -> str:

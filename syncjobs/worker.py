@@ -25,7 +25,6 @@ from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import Cancelled, Fatal, QueueError, Retryable
-from .ids import created_at
 from .job import Job
 from .payload import dead_letter_from_text, decode, encode_result
 from .protocols import Store
@@ -58,11 +57,13 @@ class Outcome(enum.Enum):
     DEFERRED = "deferred"
 
 
-#: Seconds from its dispatch that a job whose NAME this worker has no class for waits for a worker that knows it
-#: (a rolling deploy: an old worker meets a new job) before it is a dead letter; a database queue's default.
+#: Seconds a job whose NAME this worker has no class for waits for a worker that knows it, from when this one
+#: first met it (a rolling deploy: an old worker meets a new job), before it is a dead letter; a database queue's.
 DEFAULT_UNKNOWN_JOB_WAIT = 600.0
 #: The longest such a job is handed back for before it is looked at again (a tenth of the wait, if less).
 UNKNOWN_LOOK_EVERY = 10.0
+#: Deferred jobs remembered before those met long ago (taken by another worker, likely) are forgotten.
+_FORGET_UNKNOWN_AT = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,8 +245,10 @@ class WorkerPool:
         self.timeout = timeout
         #: Seconds a finished job's record is kept, for a job without a KEEP_RESULT of its own.
         self.keep_result = keep_result
-        #: Seconds from its dispatch a job of a NAME with no class here is handed back for others; 0: dead at once.
+        #: Seconds a job of a NAME with no class here is handed back for others, from first met; 0: dead at once.
         self.unknown_job_wait = 0.0
+        #: When (pool clock) this worker first met each job it deferred so, by id.
+        self._unknown_since: dict[str, float] = {}
         # The deadlines of runs with a timeout, on the pool's clock; their
         # thread starts with the first such run. A run that finishes in time
         # leaves its entry behind (a heap cannot drop one cheaply): at its
@@ -536,15 +539,26 @@ class WorkerPool:
         return _done(job, value)
 
     def _unknown(self, envelope: Envelope) -> _Ended:
-        """A job whose NAME has no class here: deferred for a worker that knows it, until ``unknown_job_wait``."""
+        """A job whose NAME has no class here: deferred for a worker that knows it, for ``unknown_job_wait``.
+
+        Counted from when this worker first met it, on its own clock: not from
+        the dispatch, which may be long before the job came due (a delay, a
+        retry, a dead letter retried), nor on another machine's clock.
+        """
         error = f"cannot be run: no job class is registered as {envelope.name!r}"
-        dispatched = created_at(envelope.id)
-        if dispatched is None or self.unknown_job_wait <= 0:  # an id that says nothing of its age: no wait
+        wait = self.unknown_job_wait
+        if wait <= 0:
             return _Ended(Outcome.DEAD, error)
-        left = dispatched + self.unknown_job_wait - time.time()
+        now = self._clock()
+        first = self._unknown_since.setdefault(envelope.id, now)
+        left = first + wait - now
         if left <= 0:
-            return _Ended(Outcome.DEAD, f"{error} by any worker within {self.unknown_job_wait:g}s of its dispatch")
-        return _Ended(Outcome.DEFERRED, error, result=min(UNKNOWN_LOOK_EVERY, self.unknown_job_wait / 10, left))
+            self._unknown_since.pop(envelope.id, None)
+            return _Ended(Outcome.DEAD, f"{error}, and no worker that has one took it within {wait:g}s")
+        if len(self._unknown_since) > _FORGET_UNKNOWN_AT:
+            # Jobs another worker took meanwhile are not seen again here: forget the long gone.
+            self._unknown_since = {k: t for k, t in self._unknown_since.items() if now - t <= 2 * wait}
+        return _Ended(Outcome.DEFERRED, error, result=min(UNKNOWN_LOOK_EVERY, wait / 10, left))
 
     def _watch(self, run: _Run, timeout: float) -> None:
         """Time ``run`` out ``timeout`` seconds from now."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 
@@ -108,6 +109,26 @@ def test_a_payload_that_contains_itself_is_named_as_a_cycle() -> None:
     items.append(items)
     with pytest.raises(syncjobs.QueueError, match=r"job 'tests.loop': .* field 'items\[1\]' contains itself"):
         encode(Loop(items))
+
+
+def test_a_cycle_is_found_at_once_whatever_the_recursion_limit() -> None:
+    # Found by the encoder's own record of what it is inside, not by recursing to the limit: with a
+    # raised limit, recursing that deep may crash the interpreter (a small thread stack, say).
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+
+        @dataclasses.dataclass
+        class Loop(syncjobs.Job):
+            NAME = "tests.loop_deep"
+            items: dict[str, object]
+
+        items: dict[str, object] = {}
+        items["self"] = [items]
+        with pytest.raises(syncjobs.QueueError, match=r"field 'items\.self\[0\]' contains itself"):
+            encode(Loop(items))
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_run_must_be_written() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import signal
 import sys
 import textwrap
@@ -228,21 +229,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         code: int = args.handler(args)
         sys.stdout.flush()  # here, where a reader gone away is seen, not at exit
         return code
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
+        if not _reader_gone():  # a database's or another socket's: an error like any other
+            return _failed(exc, args)
         # What reads the output stopped (`| head`, `| true`): it wanted no more, and that is no error.
         # Pointing stdout at devnull keeps the interpreter's flush at exit from failing again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE  # as a command the default SIGPIPE ended
+        return 128 + _SIGPIPE  # as a command the default SIGPIPE ended
     except CommandError as exc:
         logging.getLogger("syncjobs").debug("the command failed", exc_info=True)
         sys.stderr.write(f"syncjobs {args.command}: error: {_hide_url_secrets(str(exc), args)}\n")
         return 1
-    except Exception as exc:  # one clear line unless DEBUG asks for the traceback
-        if args.log_level == "DEBUG":
-            raise
-        message = _hide_url_secrets(one_line(exc), args)
-        sys.stderr.write(f"syncjobs {args.command}: error: {message} (--log-level DEBUG shows the traceback)\n")
-        return 1
+    except Exception as exc:  # noqa: BLE001 - one clear line for any error, unless DEBUG asks for the traceback
+        return _failed(exc, args)
+
+
+_SIGPIPE = getattr(signal, "SIGPIPE", 13)
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (what a BrokenPipeError there means)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)  # POLLERR comes whatever is asked
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll() (Windows), or no real stdout
+        return False
+
+
+def _failed(exc: Exception, args: argparse.Namespace) -> int:
+    """One clear line for an unexpected error, unless DEBUG asks for the traceback."""
+    if args.log_level == "DEBUG":
+        raise exc
+    message = _hide_url_secrets(one_line(exc), args)
+    sys.stderr.write(f"syncjobs {args.command}: error: {message} (--log-level DEBUG shows the traceback)\n")
+    return 1
 
 
 def _hide_url_secrets(message: str, args: argparse.Namespace) -> str:

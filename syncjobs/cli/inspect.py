@@ -284,8 +284,12 @@ def _dead_purge(admin: TableAdmin, args: argparse.Namespace, out: TextIO) -> int
             return 0
         sys.stderr.write(f"purge {count} dead letter(s){scope} from {admin.table}? [y/N] ")
         sys.stderr.flush()
-        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
-            sys.stderr.write("nothing purged\n")
+        try:
+            answer = sys.stdin.readline()
+        except KeyboardInterrupt:  # Ctrl-C at the question is a no
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            sys.stderr.write("\nnothing purged\n" if not answer.endswith("\n") else "nothing purged\n")
             return 1
     purged = admin.purge(older_than=older, queue=args.queue)
     out.write(f"purged {purged} dead letter(s){scope}\n")

@@ -40,7 +40,7 @@ class DatabaseJobQueue(StoreQueue):
     ``unknown_job_wait``: a job whose NAME this process has no class for (an
     old worker meeting a new job in a rolling deploy) is handed back unrun,
     its attempt unspent, for a worker that knows it, until this many seconds
-    after its dispatch; then it is a dead letter. 0: a dead letter at once.
+    after the worker first met it; then it is a dead letter. 0: a dead letter at once.
     """
 
     dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "connection"})
@@ -133,7 +133,7 @@ class DatabaseJobQueue(StoreQueue):
 
     @property
     def unknown_job_wait(self) -> float:
-        """Seconds from its dispatch a job of a NAME with no class here waits for a worker that knows it."""
+        """Seconds a job of a NAME with no class here waits for a worker that knows it, from when this one met it."""
         return self._pool.unknown_job_wait
 
     def __repr__(self) -> str:

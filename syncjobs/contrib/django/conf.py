@@ -47,7 +47,7 @@ class Config:
     timeout: float | None = None
     #: Seconds a finished job's record is kept, for jobs without a KEEP_RESULT of their own.
     keep_result: float = DEFAULT_KEEP_RESULT
-    #: Seconds from its dispatch a job of a NAME no class is registered for waits for a worker that knows it.
+    #: Seconds a job of a NAME no class is registered for waits for a worker that knows it, from first met.
     unknown_job_wait: float = DEFAULT_UNKNOWN_JOB_WAIT
 
     @property
