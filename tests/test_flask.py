@@ -15,6 +15,7 @@ from flask import Flask, current_app
 
 import syncjobs
 from syncjobs import DeadLetter
+from syncjobs.cli import TABLE_COMMANDS
 from syncjobs.contrib.flask import AppQueues, SyncJobs
 from tests.flask_app import Doomed, Greet, create_app, jobs, note
 from tests.helpers import WAIT
@@ -307,3 +308,68 @@ def test_a_dead_letter_callback_survives_a_fork(tmp_path: Path) -> None:
     pid = child.split()[1]
     assert child == f"child {pid} exited 0"
     assert dead == f"dead in {pid} (shopfront): fatal: after the fork"
+
+
+# -- the commands' own help, and the table commands on the app's SYNCJOBS_URL ---------------
+
+
+def test_flask_syncjobs_help_describes_each_command() -> None:
+    result = create_app().test_cli_runner().invoke(args=["syncjobs", "--help"])
+    assert result.exit_code == 0, result.output
+    listed = " ".join(result.output.split())
+    for command, text in TABLE_COMMANDS.items():
+        assert f"{command} {text}" in listed
+    assert "worker run workers for the app's queues until SIGTERM or SIGINT" in listed
+
+
+def test_each_command_has_its_own_help_without_options_that_do_not_apply() -> None:
+    runner = create_app().test_cli_runner()
+    stats = runner.invoke(args=["syncjobs", "stats", "--help"])
+    assert stats.exit_code == 0, stats.output
+    assert stats.output.startswith("usage: flask syncjobs stats ")
+    assert "--json" in stats.output
+    for absent in ("--url", "--app", "--table"):  # SYNCJOBS_URL says where the table is
+        assert absent not in stats.output
+    worker = runner.invoke(args=["syncjobs", "worker", "--help"])
+    assert worker.exit_code == 0, worker.output
+    assert worker.output.startswith("usage: flask syncjobs worker ")
+    assert "APP" not in worker.output  # the `syncjobs` command's own, not here
+    assert "(default: SYNCJOBS_WORKERS, 4 unless set)" in " ".join(worker.output.split())
+
+
+def test_the_table_commands_work_on_the_apps_url(tmp_path: Path) -> None:
+    app = create_app(SYNCJOBS_URL=f"sqlite:///{tmp_path / 'jobs.db'}")
+    runner = app.test_cli_runner()
+    missing = runner.invoke(args=["syncjobs", "stats"])
+    assert missing.exit_code == 1
+    assert missing.output.endswith(": `flask syncjobs migrate` creates it\n")
+    assert not (tmp_path / "jobs.db").exists()  # a read-only command creates nothing
+    assert runner.invoke(args=["syncjobs", "migrate"]).exit_code == 0
+    try:
+        with app.app_context():
+            job_id = str(jobs.dispatch(Greet(out=str(tmp_path / "seen.jsonl")), delay=3600))
+        shown = runner.invoke(args=["syncjobs", "show", job_id, "--json"])
+        assert shown.exit_code == 0, shown.output
+        assert json.loads(shown.output)["state"] == "scheduled"
+        cancelled = runner.invoke(args=["syncjobs", "cancel", job_id])
+        assert cancelled.exit_code == 0, cancelled.output
+        assert state(app).queue().status(job_id).state == "cancelled"  # type: ignore[union-attr]
+    finally:
+        state(app).shutdown()
+
+
+def test_the_table_commands_refuse_memory_in_one_line() -> None:
+    result = create_app().test_cli_runner().invoke(args=["syncjobs", "show", "some-id"])
+    assert result.exit_code == 1
+    assert result.output == (
+        "flask syncjobs show: error: SYNCJOBS_URL is memory://: its jobs live inside the web process; "
+        "there is no table\n"
+    )
+
+
+def test_the_worker_commands_options_override_the_apps_config(tmp_path: Path) -> None:
+    app = create_app(SYNCJOBS_URL=f"sqlite:///{tmp_path / 'jobs.db'}", SYNCJOBS_TIMEOUT=45, SYNCJOBS_KEEP_RESULT=60)
+    [queue] = state(app).worker_queues(None, None, None, timeout=5.0, keep_result=0.0)
+    [configured] = state(app).worker_queues(None, None, None)
+    assert (queue.timeout, queue.keep_result) == (5.0, 0.0)
+    assert (configured.timeout, configured.keep_result) == (45.0, 60.0)

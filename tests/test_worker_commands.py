@@ -10,6 +10,7 @@ import os
 import queue as stdqueue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ import pytest
 
 import syncjobs
 from tests.cli_jobs import Sleepy, Stubborn
+from tests.faultproxy import FaultProxy
 from tests.helpers import WAIT
 from tests.test_database import execute
 
@@ -35,6 +37,8 @@ SYNCJOBS = {{"URL": {url!r}, "WORKERS": 1}}
 """
 
 COMMANDS = ["syncjobs", "django", "flask", "django --reload"]
+#: The three commands, once each.
+EACH = ["syncjobs", "django", "flask"]
 
 
 class Worker:
@@ -271,3 +275,68 @@ def test_a_signal_during_a_reload_makes_the_stop_final_and_a_second_cuts_the_gra
     assert worker.wait() == 128 + signal.SIGTERM  # and no new worker started
     assert "SIGTERM again: handing running jobs back now" in "".join(worker.err)
     assert rows(url) == [("cli.sleepy", "queued", 1)]
+
+
+def run_to_end(command: str, url: str, tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """A worker command run to its exit, stdout and stderr in one stream, in the order written."""
+    return subprocess.run(
+        command_line(command, url, tmp_path, *options),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, str(tmp_path)])},
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", EACH)
+def test_burst_says_it_is_ready_before_any_job_runs(command: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    ids = [dispatch(url, Sleepy(0)) for _ in range(3)]  # waiting when the worker starts
+    done = run_to_end(command, url, tmp_path, "--burst")
+    assert done.returncode == 0, done.stdout
+    lines = done.stdout.splitlines()
+    [ready] = [i for i, line in enumerate(lines) if line.startswith("syncjobs worker ready: pid")]
+    runs = [i for i, line in enumerate(lines) if "started sleepy" in line or re.search(r"run \d+ of \d+", line)]
+    assert len(runs) == 6, done.stdout  # each job's own line, and its run line
+    assert ready < min(runs), done.stdout
+    assert all(f"({job_id}) run 1 of 5" in done.stdout for job_id in ids)
+
+
+def free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port: int = listener.getsockname()[1]
+        return port
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", EACH)
+def test_a_database_it_cannot_reach_is_one_line_at_start(command: str, tmp_path: Path) -> None:
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver is the postgres extra")
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/test"  # nothing listens there
+    done = run_to_end(command, url, tmp_path, "--skip-checks" if command == "django" else "--burst")
+    assert done.returncode == 1, done.stdout
+    [line] = done.stdout.splitlines()
+    said = rf"(error|CommandError): cannot reach the postgresql database at {re.escape(url)}: OperationalError: "
+    assert re.search(said, line)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("command", EACH)
+def test_wait_for_db_starts_once_the_database_answers(
+    command: str, tmp_path: Path, started: list[Worker], proxy: FaultProxy, server_url: str
+) -> None:
+    proxy.refuse_new()  # as a database container still starting does
+    url = proxy.url(server_url)
+    worker = Worker(command_line(command, url, tmp_path, "--wait-for-db", "60"), os.pathsep.join([ROOT, str(tmp_path)]))
+    started.append(worker)
+    worker.expect(r"cannot reach the \w+ database at .* yet \(.*\): trying again for up to 60s")
+    assert worker.proc.poll() is None
+    proxy.resume()
+    worker.expect(r"^syncjobs worker ready: pid \d+")
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait() == 0
+    assert "".join(worker.err).count("cannot reach") == 1  # said once, not once per try

@@ -9,13 +9,13 @@ import select
 import signal
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import __version__
 from ..urls import redact
 from . import inspect, logs, worker
 from .table import parse_duration
-from .target import URL_VARIABLE, CommandError, one_line
+from .target import URL_VARIABLE, CommandError, TableTarget, one_line
 
 EPILOG = f"""\
 A queue is found from --url (or ${URL_VARIABLE}): sqlite:///path/jobs.db,
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = commands.add_parser(
         "worker",
-        parents=[_target(app_positional=True), _logging()],
+        parents=[_target(app_positional=True), logging_options()],
         help="run workers until SIGTERM or SIGINT",
         # Wrapped here: the raw formatter (which keeps the epilog's lines) wraps nothing.
         description=textwrap.fill(
@@ -64,10 +64,45 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_arguments(run)
     run.set_defaults(handler=worker.run)
 
+    add_table_commands(commands, lambda: [_target(), logging_options()])
+
+    demo = commands.add_parser(
+        "demo",
+        parents=[logging_options(default="WARNING")],
+        help="run a few hundred mixed jobs through a real worker pool, then print the stats",
+        description="Runs a few hundred jobs of several kinds (some retried, one dead-lettered) through a "
+        "real worker pool with a live progress bar, on SQLite in a temporary file unless --url names a "
+        "database, then prints the stats table. Ctrl-C shuts down gracefully.",
+    )
+    demo.add_argument("--url", help="a database (or memory://) to run on instead of a temporary SQLite file")
+    demo.add_argument("--jobs", type=worker.positive_int, default=300, help="how many jobs to dispatch (default 300)")
+    demo.add_argument("--workers", type=worker.positive_int, default=4, help="worker threads (default 4)")
+    demo.add_argument(
+        "--grace", type=worker.seconds, default=2.0, help="seconds running jobs get at shutdown (default 2)"
+    )
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+#: The commands on a jobs table, with their one-line help: every integration offers them too.
+TABLE_COMMANDS = {
+    "migrate": "create or upgrade the queue's tables",
+    "stats": "counts by queue and state, and the live workers",
+    "show": "one job's whole record: state, runs, times, progress, error, result",
+    "cancel": "cancel jobs: a waiting one never runs, a running one is asked to stop",
+    "dead": "list, show, retry and purge dead letters",
+}
+
+
+def add_table_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    parents: Callable[[], list[argparse.ArgumentParser]],
+) -> None:
+    """Add the TABLE_COMMANDS to ``commands``, each subcommand with the options of ``parents()``."""
     migrate = commands.add_parser(
         "migrate",
-        parents=[_target(), _logging()],
-        help="create or upgrade the queue's tables",
+        parents=parents(),
+        help=TABLE_COMMANDS["migrate"],
         description="Create the tables, or upgrade them to this release's schema. Idempotent, and safe "
         "to run from many processes at once.",
     )
@@ -76,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = commands.add_parser(
         "stats",
-        parents=[_target(), _logging()],
-        help="counts by queue and state, and the live workers",
+        parents=parents(),
+        help=TABLE_COMMANDS["stats"],
         description="Per queue: jobs queued (ready now), running, parked (delayed or waiting to retry) "
         "and dead; how long the oldest ready job has waited; jobs done in the last minute. Then the "
         "live worker processes with their heartbeats.",
@@ -95,8 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = commands.add_parser(
         "show",
-        parents=[_target(), _logging()],
-        help="one job's whole record: state, runs, times, progress, error, result",
+        parents=parents(),
+        help=TABLE_COMMANDS["show"],
         description="Print one job's record, from any queue of the table: its state (queued, scheduled, "
         "running, retrying, done, dead, cancelled), runs spent, when it was created, started and "
         "finished, its progress, and its error or result. Exits 1 if there is no record of it.",
@@ -107,8 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cancel = commands.add_parser(
         "cancel",
-        parents=[_target(), _logging()],
-        help="cancel jobs: a waiting one never runs, a running one is asked to stop",
+        parents=parents(),
+        help=TABLE_COMMANDS["cancel"],
         description="Cancel jobs by id. A queued, delayed or retrying job is cancelled at once and never "
         "runs. A running one has its cancel token set by its worker's next heartbeat, and ends "
         "cancelled when its run returns (it is not retried). Exits 1 if any id names no unfinished job.",
@@ -118,29 +153,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     dead = commands.add_parser(
         "dead",
-        help="list, show, retry and purge dead letters",
+        help=TABLE_COMMANDS["dead"],
         description="Dead letters are jobs that will not run again: a Fatal error, or out of attempts.",
     )
     actions = dead.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = actions.add_parser(
-        "list", parents=[_target(), _logging(), _queue_filter()], help="the dead letters, oldest first"
-    )
+    listing = actions.add_parser("list", parents=[*parents(), _queue_filter()], help="the dead letters, oldest first")
     listing.add_argument("--limit", type=worker.positive_int, default=100, help="at most this many (default 100)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
-    show = actions.add_parser(
-        "show", parents=[_target(), _logging(), _queue_filter()], help="one dead letter, with its payload"
-    )
+    show = actions.add_parser("show", parents=[*parents(), _queue_filter()], help="one dead letter, with its payload")
     show.add_argument("id", help="the job id")
     retry = actions.add_parser(
         "retry",
-        parents=[_target(), _logging(), _queue_filter()],
+        parents=[*parents(), _queue_filter()],
         help="queue dead letters again with fresh attempts",
     )
     retry.add_argument("ids", nargs="*", metavar="ID", help="job ids to retry")
     retry.add_argument("--all", action="store_true", help="retry every dead letter (of --queue, if given)")
     purge = actions.add_parser(
         "purge",
-        parents=[_target(), _logging(), _queue_filter()],
+        parents=[*parents(), _queue_filter()],
         help="delete dead letters: --all, or --older-than DURATION",
         description="Delete dead letters for good: every one (--all), or those dead at least DURATION "
         "(--older-than), of --queue if given. On a terminal it says how many and asks first.",
@@ -156,21 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("-y", "--yes", action="store_true", help="do not ask first on a terminal")
     dead.set_defaults(handler=inspect.dead)
 
-    demo = commands.add_parser(
-        "demo",
-        parents=[_logging(default="WARNING")],
-        help="run a few hundred mixed jobs through a real worker pool, then print the stats",
-        description="Runs a few hundred jobs of several kinds (some retried, one dead-lettered) through a "
-        "real worker pool with a live progress bar, on SQLite in a temporary file unless --url names a "
-        "database, then prints the stats table. Ctrl-C shuts down gracefully.",
-    )
-    demo.add_argument("--url", help="a database (or memory://) to run on instead of a temporary SQLite file")
-    demo.add_argument("--jobs", type=worker.positive_int, default=300, help="how many jobs to dispatch (default 300)")
-    demo.add_argument("--workers", type=worker.positive_int, default=4, help="worker threads (default 4)")
-    demo.add_argument(
-        "--grace", type=worker.seconds, default=2.0, help="seconds running jobs get at shutdown (default 2)"
-    )
-    demo.set_defaults(handler=_demo)
+
+def table_commands_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The TABLE_COMMANDS for an integration, whose settings name the table: no --app, --url or --table."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_table_commands(commands, lambda: [logging_options()])
     return parser
 
 
@@ -191,7 +213,8 @@ def _queue_filter() -> argparse.ArgumentParser:
     return common
 
 
-def _logging(default: str = "INFO") -> argparse.ArgumentParser:
+def logging_options(default: str = "INFO") -> argparse.ArgumentParser:
+    """--log-level and --log-format, as a parent parser."""
     common = argparse.ArgumentParser(add_help=False)
     logs.add_arguments(common, default)
     return common
@@ -222,10 +245,49 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command != "demo":  # the demo prints warnings its own way, around its progress bar
-        logs.configure(args.log_level, args.log_format)
+    return run_command(build_parser(), argv)
+
+
+def run_command(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    *,
+    target: Callable[[], TableTarget] | None = None,
+) -> int:
+    """Parse ``argv`` with ``parser`` and run its command: mistakes are one line on stderr and exit 1.
+
+    ``target()``, for an integration's table commands, gives the table its
+    settings name; it is asked only once the arguments parse (``--help``
+    needs no database).
+    """
+    return execute(parser.parse_args(argv), parser.prog, target=target)
+
+
+def execute(args: argparse.Namespace, prog: str, *, target: Callable[[], TableTarget] | None = None) -> int:
+    """Run the command ``args`` parsed to; its errors as ``prog COMMAND: error: …``."""
+    args.prog = prog
+    undo = _configure_logging(args, in_framework=target is not None)
     try:
+        return _execute(args, target)
+    finally:
+        undo()
+
+
+def _configure_logging(args: argparse.Namespace, *, in_framework: bool) -> Callable[[], None]:
+    if args.command == "demo":  # the demo prints warnings its own way, around its progress bar
+        return lambda: None
+    if not in_framework:  # the whole process is this command's, to its exit hooks
+        logs.configure(args.log_level, args.log_format)
+        return lambda: None
+    # Inside a framework's process (flask, manage.py), syncjobs' own loggers,
+    # while the command runs: the project's logging keeps the rest.
+    return logs.configure(args.log_level, args.log_format, logger=logging.getLogger("syncjobs"))
+
+
+def _execute(args: argparse.Namespace, target: Callable[[], TableTarget] | None) -> int:
+    try:
+        if target is not None:
+            args.target = target()
         code: int = args.handler(args)
         sys.stdout.flush()  # here, where a reader gone away is seen, not at exit
         return code
@@ -238,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + _SIGPIPE  # as a command the default SIGPIPE ended
     except CommandError as exc:
         logging.getLogger("syncjobs").debug("the command failed", exc_info=True)
-        sys.stderr.write(f"syncjobs {args.command}: error: {_hide_url_secrets(str(exc), args)}\n")
+        sys.stderr.write(f"{args.prog} {args.command}: error: {_hide_url_secrets(str(exc), args)}\n")
         return 1
     except Exception as exc:  # noqa: BLE001 - one clear line for any error, unless DEBUG asks for the traceback
         return _failed(exc, args)
@@ -262,11 +324,13 @@ def _failed(exc: Exception, args: argparse.Namespace) -> int:
     if args.log_level == "DEBUG":
         raise exc
     message = _hide_url_secrets(one_line(exc), args)
-    sys.stderr.write(f"syncjobs {args.command}: error: {message} (--log-level DEBUG shows the traceback)\n")
+    sys.stderr.write(f"{args.prog} {args.command}: error: {message} (--log-level DEBUG shows the traceback)\n")
     return 1
 
 
 def _hide_url_secrets(message: str, args: argparse.Namespace) -> str:
     # Messages show URLs masked already; this catches a driver's message
     # that quotes what it was given.
-    return redact(message, getattr(args, "url", None) or os.environ.get(URL_VARIABLE))
+    target: TableTarget | None = getattr(args, "target", None)
+    url = target.url if target is not None else getattr(args, "url", None) or os.environ.get(URL_VARIABLE)
+    return redact(message, url)

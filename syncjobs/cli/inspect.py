@@ -17,7 +17,7 @@ from ..errors import QueueError
 from ..status import JobStatus
 from ..urls import mask_url
 from .table import human_seconds, parse_duration, render
-from .target import DEFAULT_TABLE, CommandError, check_reachable, database_url, load_app
+from .target import DEFAULT_TABLE, CommandError, TableTarget, check_reachable, database_url, load_app
 
 
 def open_admin(args: argparse.Namespace, *, creates: bool = False) -> TableAdmin:
@@ -26,29 +26,41 @@ def open_admin(args: argparse.Namespace, *, creates: bool = False) -> TableAdmin
     Only ``migrate`` makes a database file or a table: a command that reads
     or changes rows says that they are missing, and how to make them.
     """
-    if args.app and args.url:
-        raise CommandError("give an APP or --url, not both (the APP's queue knows its URL)")
-    if args.app:
-        queue = load_app(args.app)
-        url, table = queue.url, queue.table
-    else:
-        url, table = database_url(args.url), args.table or DEFAULT_TABLE
+    target = table_target(args)
+    url, table = target.url, target.table
     try:
         dialect = dialect_for(url)
     except QueueError as exc:
         raise CommandError(str(exc)) from exc
-    missing = f"`syncjobs migrate` with the same {'APP' if args.app else '--url'} creates it"
+    missing = f"{target.created_by} creates it"
     if not creates and dialect is SQLITE and not os.path.exists(database_file(url)):
         raise CommandError(f"there is no SQLite database at {database_file(url)}: {missing}")
-    check_reachable(url)
+    check_reachable(url, target.connect_args)
     try:
-        admin = TableAdmin.connect(url, table=table)
+        admin = TableAdmin.connect(url, table=table, connect_args=target.connect_args)
     except QueueError as exc:
         raise CommandError(str(exc)) from exc
     if not creates and admin.schema_version() is None:
         admin.close()
         raise CommandError(f"there is no table {table} in the {dialect.name} database at {mask_url(url)}: {missing}")
     return admin
+
+
+def table_target(args: argparse.Namespace) -> TableTarget:
+    """The table of ``args.target`` (an integration's, from its settings), else of --app or --url and --table."""
+    target: TableTarget | None = getattr(args, "target", None)
+    if target is not None:
+        return target
+    if args.app and args.url:
+        raise CommandError("give an APP or --url, not both (the APP's queue knows its URL)")
+    if args.app:
+        queue = load_app(args.app)
+        return TableTarget(
+            queue.url, queue.table, queue.connect_args, created_by="`syncjobs migrate` with the same APP"
+        )
+    return TableTarget(
+        database_url(args.url), args.table or DEFAULT_TABLE, created_by="`syncjobs migrate` with the same --url"
+    )
 
 
 # -- migrate -------------------------------------------------------------------------
@@ -340,7 +352,9 @@ def _dead_retry(admin: TableAdmin, args: argparse.Namespace, out: TextIO) -> int
         out.write(f"queued {count} dead letter(s) again with fresh attempts\n")
         return 0
     if not args.ids:
-        raise CommandError("name the dead letters to retry (ids from `syncjobs dead list`), or --all")
+        raise CommandError(
+            f"name the dead letters to retry (ids from `{getattr(args, 'prog', 'syncjobs')} dead list`), or --all"
+        )
     retried = set(admin.retry(args.ids, queue=args.queue))
     for job_id in args.ids:
         out.write(f"{job_id}: queued again\n" if job_id in retried else f"{job_id}: no such dead letter\n")

@@ -7,13 +7,17 @@ classes are those of the modules named with ``--import``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import logging
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
+
+import tenacity
 
 from ..database import DatabaseJobQueue
 from ..database.dialects import Connector
@@ -28,9 +32,23 @@ from ..urls import mask_url, redact
 URL_VARIABLE = "SYNCJOBS_URL"
 DEFAULT_TABLE = "syncjobs_jobs"
 
+logger = logging.getLogger("syncjobs.worker")
+
 
 class CommandError(Exception):
     """A mistake the user can fix: printed as one line, the command exits non-zero."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TableTarget:
+    """The table a command works on, where a framework's settings name it (no --url to type)."""
+
+    url: str = dataclasses.field(repr=False)
+    table: str = DEFAULT_TABLE
+    #: The driver's keyword arguments over what ``url`` says (a framework's database settings).
+    connect_args: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    #: What creates the table, for the error that says it is missing.
+    created_by: str = "`syncjobs migrate`"
 
 
 def import_module(name: str) -> ModuleType:
@@ -109,18 +127,34 @@ def database_url(url: str | None) -> str:
     return url
 
 
-def check_reachable(url: str) -> None:
-    """One connection, no retries: a worker or a command that cannot reach its database says so at once."""
+def check_reachable(url: str, connect_args: Mapping[str, Any] | None = None, *, wait: float = 0.0) -> None:
+    """One connection: a worker or a command that cannot reach its database says so in one line.
+
+    With ``wait``, it tries again for up to that many seconds first (a
+    container started together with its database), saying so once.
+    """
     try:
-        connector = Connector(url)
+        connector = Connector(url, connect_args)
     except QueueError as exc:
         raise CommandError(str(exc)) from exc
+    where = f"the {connector.dialect.name} database at {mask_url(url)}"
+
+    def say_waiting(state: tenacity.RetryCallState) -> None:
+        if state.attempt_number == 1 and state.outcome is not None:
+            error = redact(one_line(state.outcome.exception() or Exception()), url)
+            logger.info("cannot reach %s yet (%s): trying again for up to %gs", where, error, wait)
+
+    attempts = tenacity.Retrying(
+        stop=tenacity.stop_after_delay(wait),
+        wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
+        before_sleep=say_waiting,
+        reraise=True,
+    )
     try:
-        connector.connect().close()
+        attempts(lambda: connector.connect().close())
     except Exception as exc:
-        raise CommandError(
-            f"cannot reach the {connector.dialect.name} database at {mask_url(url)}: {redact(one_line(exc), url)}"
-        ) from exc
+        waited = f" (tried for {wait:g}s)" if wait else ""
+        raise CommandError(f"cannot reach {where}{waited}: {redact(one_line(exc), url)}") from exc
 
 
 def one_line(exc: BaseException) -> str:
@@ -168,5 +202,4 @@ def queue_for(
             found.register(cls)  # again for the APP's own classes: a no-op
         except Exception as exc:
             raise CommandError(f"cannot register {cls.__module__}.{cls.__qualname__}: {exc}") from exc
-    check_reachable(found.url)
     return found

@@ -10,6 +10,7 @@ does the rest.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import queue as stdqueue
@@ -18,7 +19,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import TextIO
@@ -28,7 +29,7 @@ from ..exit_hooks import before_threads_join
 from ..queue import StoreQueue, shutdown_in_turn
 from ..urls import mask_url
 from ..worker import Outcome, RunLimit, RunReport
-from .target import CommandError, one_line, queue_for
+from .target import CommandError, check_reachable, one_line, queue_for
 
 logger = logging.getLogger("syncjobs.worker")
 
@@ -49,9 +50,31 @@ class _Event:
 StopRequest = Callable[[str, int], None]
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+@dataclass(frozen=True)
+class OptionDefaults:
+    """Where each option of a worker command takes its default from, as its --help says."""
+
+    workers: str = "the APP queue's, else 4"
+    queues: str = "the APP queue's, else 'default'"
+    grace: str = "the APP queue's, else 5"
+    timeout: str = "the APP queue's, else no limit"
+    keep_result: str = "the APP queue's, else 600"
+
+    @classmethod
+    def from_settings(cls, setting: Callable[[str], str], grace: str = "SHUTDOWN_GRACE") -> OptionDefaults:
+        """Defaults a framework's settings give: ``setting("WORKERS")`` names where WORKERS is set."""
+        return cls(
+            workers=f"{setting('WORKERS')}, 4 unless set",
+            queues=f"{setting('QUEUES')}, ['default'] unless set",
+            grace=f"{setting(grace)}, 5 unless set",
+            timeout=f"{setting('TIMEOUT')}, no limit unless set",
+            keep_result=f"{setting('KEEP_RESULT')}, 600 unless set",
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser, defaults: OptionDefaults = OptionDefaults()) -> None:
     parser.add_argument(
-        "-w", "--workers", type=positive_int, help="worker threads per queue (default: the APP queue's, else 4)"
+        "-w", "--workers", type=positive_int, help=f"worker threads per queue (default: {defaults.workers})"
     )
     parser.add_argument(
         "-q",
@@ -60,25 +83,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME",
         help="a queue to take jobs from; repeat for several, each with its own --workers threads "
-        "(default: the APP queue's, else 'default')",
+        f"(default: {defaults.queues})",
     )
     parser.add_argument(
         "--grace",
         type=seconds,
-        help="seconds running jobs get to finish after the first SIGTERM/SIGINT (default: the queue's, 5)",
+        help=f"seconds running jobs get to finish after the first SIGTERM/SIGINT (default: {defaults.grace})",
     )
     parser.add_argument(
         "--timeout",
         type=seconds,
         help="seconds a run may take before it is cancelled and counts as failed, for jobs without a TIMEOUT "
-        "of their own (default: the APP queue's, else no limit)",
+        f"of their own (default: {defaults.timeout})",
     )
     parser.add_argument(
         "--keep-result",
         type=seconds,
         metavar="SECONDS",
         help="seconds a finished job's record (its state and result) is kept, for jobs without a KEEP_RESULT "
-        "of their own (default: the APP queue's, else 600; 0 keeps none)",
+        f"of their own (default: {defaults.keep_result}; 0 keeps none)",
+    )
+    parser.add_argument(
+        "--wait-for-db",
+        type=seconds,
+        default=0.0,
+        metavar="SECONDS",
+        help="at start, keep trying to reach the database for up to SECONDS (containers that start together); "
+        "default 0: say at once that it cannot be reached, and exit 1",
     )
     parser.add_argument(
         "--max-jobs", type=positive_int, metavar="N", help="exit (cleanly, with the grace) after N job runs"
@@ -107,7 +138,9 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 keep_result=args.keep_result,
             )
         )
-    return serve(queues, max_jobs=args.max_jobs, burst=args.burst, out=out, exit_if_stuck=True)
+    return serve(
+        queues, max_jobs=args.max_jobs, burst=args.burst, out=out, exit_if_stuck=True, wait_for_db=args.wait_for_db
+    )
 
 
 def serve(
@@ -118,8 +151,12 @@ def serve(
     out: TextIO | None = None,
     exit_if_stuck: bool = False,
     on_ready: Callable[[StopRequest], None] | None = None,
+    wait_for_db: float = 0.0,
 ) -> int:
     """Start ``queues``, print the readiness line, and run until a signal (or --max-jobs, --burst) stops them.
+
+    Each database is reached once first (for up to ``wait_for_db`` seconds):
+    one that cannot be is a ``CommandError``, before any worker starts.
 
     ``on_ready(stop)`` is called once the workers run, before the readiness
     line: any thread may call ``stop(reason, code)`` to stop them as
@@ -133,6 +170,7 @@ def serve(
     thread forever, so the process leaves without it (``os._exit``).
     """
     out = out or sys.stdout  # looked up per call: a test runner may have replaced it
+    _check_databases(queues, wait_for_db)
     if not any(q.registered_names() for q in queues):
         logger.warning("no job classes are registered: every job this worker claims becomes a dead letter")
     events: stdqueue.SimpleQueue[_Event] = stdqueue.SimpleQueue()
@@ -243,12 +281,18 @@ def _serve(
     out: TextIO,
     on_ready: Callable[[StopRequest], None] | None = None,
 ) -> None:
-    """Start the workers (and what stops them) and print the readiness line."""
+    """Start the workers (and what stops them) and print the readiness line.
+
+    No run begins before the line is out: a job's log lines (or its output)
+    never come before the line that says the worker takes work.
+    """
     if max_jobs:
         _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
+    ready = threading.Event()
     for queue in queues:
         queue.observe_runs(_log_run)
-    _start(queues)
+        queue.wrap_runs(lambda: _after(ready))
+    _start(queues, ready)
     if burst:
         # Before the readiness line: once it is out, the caller may end the
         # main thread, and then (Python 3.12+) no thread may start.
@@ -257,16 +301,35 @@ def _serve(
                 target=_watch_drained, args=(queues, stopping, events), name="syncjobs-burst", daemon=True
             ).start()
         except RuntimeError as exc:
+            ready.set()  # runs claimed meanwhile end with the shutdown, as running ones do
             shutdown_in_turn(queues)
             raise CommandError(f"cannot start: {one_line(exc)}") from exc
     if on_ready is not None:
         try:
             on_ready(lambda reason, code: events.put(_Event("request", reason=reason, code=code)))
         except BaseException:
+            ready.set()
             shutdown_in_turn(queues)
             raise
-    out.write(f"syncjobs worker ready: pid {os.getpid()}, {_describe(queues)}\n")
-    out.flush()
+    try:
+        out.write(f"syncjobs worker ready: pid {os.getpid()}, {_describe(queues)}\n")
+        out.flush()
+    finally:
+        ready.set()
+
+
+@contextlib.contextmanager
+def _after(ready: threading.Event) -> Iterator[None]:
+    ready.wait()
+    yield
+
+
+def _check_databases(queues: Sequence[StoreQueue], wait: float) -> None:
+    seen: set[str] = set()
+    for queue in queues:
+        if isinstance(queue, DatabaseJobQueue) and queue.url not in seen:
+            seen.add(queue.url)
+            check_reachable(queue.url, queue.connect_args, wait=wait)
 
 
 def _stop_here(queues: Sequence[StoreQueue], event: _Event, exit_if_stuck: bool) -> int:
@@ -320,13 +383,14 @@ def _stop_on_signals(
     return code
 
 
-def _start(queues: Sequence[StoreQueue]) -> None:
+def _start(queues: Sequence[StoreQueue], ready: threading.Event) -> None:
     started: list[StoreQueue] = []
     try:
         for queue in queues:
             queue.start()
             started.append(queue)
     except Exception as exc:
+        ready.set()
         for queue in started:
             queue.shutdown(grace=0)
         raise CommandError(f"cannot start: {one_line(exc)}") from exc

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..envelope import DeadLetter
@@ -96,10 +96,17 @@ class TableAdmin:
         self._on_requeue = on_requeue
 
     @classmethod
-    def connect(cls, url: str, *, table: str = "syncjobs_jobs", timeout: float = 5.0) -> TableAdmin:
-        """An admin of its own connections; :meth:`close` them when done."""
+    def connect(
+        cls,
+        url: str,
+        *,
+        table: str = "syncjobs_jobs",
+        timeout: float = 5.0,
+        connect_args: Mapping[str, Any] | None = None,
+    ) -> TableAdmin:
+        """An admin of its own connections (``connect_args`` as a queue takes them); :meth:`close` them when done."""
         check_table(table)
-        return cls(Connections(Connector(url)), table=table, timeout=timeout)
+        return cls(Connections(Connector(url, connect_args)), table=table, timeout=timeout)
 
     def close(self) -> None:
         """Close the connections this admin's process opened (a queue's admin: the queue's)."""

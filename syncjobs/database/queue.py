@@ -132,6 +132,11 @@ class DatabaseJobQueue(StoreQueue):
         self.admin: TableAdmin = self._db.admin
 
     @property
+    def connect_args(self) -> Mapping[str, Any]:
+        """The driver's keyword arguments given over what :attr:`url` says (a copy)."""
+        return dict(self._options["connect_args"] or {})
+
+    @property
     def unknown_job_wait(self) -> float:
         """Seconds a job of a NAME with no class here waits for a worker that knows it, from when this one met it."""
         return self._pool.unknown_job_wait

@@ -205,6 +205,81 @@ def test_the_worker_command_refuses_the_memory_backend() -> None:
         run_worker()  # a CommandError: one line from manage.py
 
 
+def ops(*args: str) -> int:
+    """``manage.py syncjobs ARGS``: its exit status (its output goes to the captured stdout and stderr)."""
+    try:
+        call_command("syncjobs", *args)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+def test_manage_py_syncjobs_works_on_the_table_the_settings_name(
+    alias: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    waiting = str(sj.dispatch(jobs.ConfirmOrder(number="A-1", database=alias), delay=3600))
+    doomed = str(sj.dispatch(jobs.ConfirmOrder(number="A-2", database=alias), delay=3600))
+    capsys.readouterr()
+
+    assert ops("stats", "--json") == 0
+    [queue] = json.loads(capsys.readouterr().out)["queues"]
+    assert (queue["queue"], queue["parked"]) == ("default", 2)
+
+    assert ops("show", waiting, "--json") == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["id"], shown["name"], shown["state"]) == (waiting, "shop.confirm_order", "scheduled")
+
+    assert ops("cancel", doomed) == 0
+    capsys.readouterr()
+    assert sj.get_queue().status(doomed).state == "cancelled"  # type: ignore[union-attr]
+
+    assert ops("dead", "list", "--json") == 0
+    assert capsys.readouterr().out == ""  # a cancelled job is no dead letter
+
+    assert ops("migrate", "--sql") == 0
+    assert "CREATE TABLE IF NOT EXISTS syncjobs_jobs" in capsys.readouterr().out
+
+    assert ops("show", "no-such-job") == 1
+    assert capsys.readouterr().err == (
+        "manage.py syncjobs show: error: no job with id 'no-such-job' "
+        "(never dispatched, or finished longer than its keep_result ago)\n"
+    )
+
+
+def test_manage_py_syncjobs_says_in_one_line_that_the_memory_backend_has_no_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with override_settings(SYNCJOBS={"BACKEND": "memory"}):
+        assert ops("stats") == 1
+    assert capsys.readouterr().err == (
+        "manage.py syncjobs stats: error: settings.SYNCJOBS uses the memory backend: its jobs live inside "
+        "the web process; there is no table\n"
+    )
+
+
+def test_each_command_has_its_own_help_with_the_settings_that_give_the_defaults(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.django_project.settings", "PYTHONPATH": str(root)}
+
+    def django_help(*args: str) -> str:
+        command = [sys.executable, "-m", "django", *args, "--help"]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=root, env=env, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    worker = django_help("syncjobs_worker")
+    assert 'worker threads per queue (default: SYNCJOBS["WORKERS"], 4 unless set)' in " ".join(worker.split())
+    assert "APP" not in worker  # the `syncjobs` command's positional: no such thing here
+    ops_help = " ".join(django_help("syncjobs").split())
+    for command in ("migrate", "stats", "show", "cancel", "dead"):
+        assert re.search(rf"\b{command} [a-z]", ops_help), command
+    stats = django_help("syncjobs", "stats")
+    assert "--json" in stats
+    # The settings say where the table is.
+    assert "--url" not in stats
+    assert "--app" not in stats
+
+
 def test_the_app_migration_matches_its_models() -> None:
     out = io.StringIO()
     call_command("makemigrations", "syncjobs", "--check", "--dry-run", stdout=out)

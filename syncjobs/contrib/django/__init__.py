@@ -64,9 +64,14 @@ def get_queue(name: str | None = None) -> StoreQueue:
 
 
 def worker_queues(
-    names: list[str] | None = None, *, workers: int | None = None, grace: float | None = None
+    names: list[str] | None = None,
+    *,
+    workers: int | None = None,
+    grace: float | None = None,
+    timeout: float | None = None,
+    keep_result: float | None = None,
 ) -> list[StoreQueue]:
-    """Fresh queues for a worker process (``syncjobs_worker``), one per name."""
+    """Fresh queues for a worker process (``syncjobs_worker``), one per name; what is not None overrides SYNCJOBS."""
     config = conf.read()
     if config.backend == "memory":
         raise ImproperlyConfigured(
@@ -74,7 +79,7 @@ def worker_queues(
             'them, so there is nothing for a worker process to take; use "DATABASE" or "URL"'
         )
     return [
-        _build(config, name, workers=workers or config.workers, grace=grace)
+        _build(config, name, workers=workers or config.workers, grace=grace, timeout=timeout, keep_result=keep_result)
         for name in dict.fromkeys(names or config.queues)
     ]
 
@@ -125,12 +130,22 @@ def reset() -> None:
         queue.shutdown(grace=0)
 
 
-def _build(config: conf.Config, name: str, *, workers: int | None = None, grace: float | None = None) -> StoreQueue:
+def _build(
+    config: conf.Config,
+    name: str,
+    *,
+    workers: int | None = None,
+    grace: float | None = None,
+    timeout: float | None = None,
+    keep_result: float | None = None,
+) -> StoreQueue:
     queue: StoreQueue
     workers = config.workers if workers is None else workers
     grace = config.shutdown_grace if grace is None else grace
+    timeout = config.timeout if timeout is None else timeout
+    keep_result = config.keep_result if keep_result is None else keep_result
     if config.backend == "memory":
-        queue = InMemoryJobQueue(workers, shutdown_grace=grace, timeout=config.timeout, keep_result=config.keep_result)
+        queue = InMemoryJobQueue(workers, shutdown_grace=grace, timeout=timeout, keep_result=keep_result)
     else:
         url, connect_args = (config.url, {}) if config.url else conf.connection_for(config.database or DEFAULT_DB_ALIAS)
         # With DATABASE, the table is the app's migration's: never created behind it.
@@ -140,8 +155,8 @@ def _build(config: conf.Config, name: str, *, workers: int | None = None, grace:
             workers=workers,
             queue=name,
             shutdown_grace=grace,
-            timeout=config.timeout,
-            keep_result=config.keep_result,
+            timeout=timeout,
+            keep_result=keep_result,
             unknown_job_wait=config.unknown_job_wait,
             table=conf.TABLE,
             auto_schema=config.database is None,

@@ -124,11 +124,19 @@ class AppQueues:
     def queue(self, name: str | None = None) -> StoreQueue:
         return self._queues.get(name or self.app.config["SYNCJOBS_QUEUES"][0])
 
-    def worker_queues(self, names: list[str] | None, workers: int | None, grace: float | None) -> list[StoreQueue]:
-        """Fresh queues for ``flask syncjobs worker``."""
+    def worker_queues(
+        self,
+        names: list[str] | None,
+        workers: int | None,
+        grace: float | None,
+        *,
+        timeout: float | None = None,
+        keep_result: float | None = None,
+    ) -> list[StoreQueue]:
+        """Fresh queues for ``flask syncjobs worker`` (what is not None overrides the config)."""
         config = self.app.config
         return [
-            self._build(name, workers or config["SYNCJOBS_WORKERS"], grace)
+            self._build(name, workers or config["SYNCJOBS_WORKERS"], grace, timeout=timeout, keep_result=keep_result)
             for name in dict.fromkeys(names or config["SYNCJOBS_QUEUES"])
         ]
 
@@ -152,12 +160,21 @@ class AppQueues:
         """Stop this process's workers, each queue with its grace; a later dispatch starts them again."""
         self._queues.shutdown()
 
-    def _build(self, name: str, workers: int, grace: float | None = None) -> StoreQueue:
+    def _build(
+        self,
+        name: str,
+        workers: int,
+        grace: float | None = None,
+        *,
+        timeout: float | None = None,
+        keep_result: float | None = None,
+    ) -> StoreQueue:
+        config = self.app.config
         options: dict[str, Any] = {
             "workers": workers,
-            "shutdown_grace": self.app.config["SYNCJOBS_GRACE"] if grace is None else grace,
-            "timeout": self.app.config["SYNCJOBS_TIMEOUT"],
-            "keep_result": self.app.config["SYNCJOBS_KEEP_RESULT"],
+            "shutdown_grace": config["SYNCJOBS_GRACE"] if grace is None else grace,
+            "timeout": config["SYNCJOBS_TIMEOUT"] if timeout is None else timeout,
+            "keep_result": config["SYNCJOBS_KEEP_RESULT"] if keep_result is None else keep_result,
         }
         if not self.url.startswith("memory:"):
             options["queue"] = name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -12,28 +13,43 @@ import click
 from flask import current_app
 from flask.cli import with_appcontext
 
-from ...cli import logs, main, worker
-from ...cli.target import CommandError
+from ...cli import TABLE_COMMANDS, logs, run_command, table_commands_parser, worker
+from ...cli.target import CommandError, TableTarget, one_line
+from ...errors import QueueError
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 
+#: Where ``flask syncjobs worker`` takes each default from: the app's config.
+_DEFAULTS = worker.OptionDefaults.from_settings(lambda key: f"SYNCJOBS_{key}", grace="GRACE")
 
-@click.group("syncjobs", help="Run syncjobs workers and see what the app's queue is doing.")
+
+@click.group("syncjobs", help="Run syncjobs workers and see what the app's queue (SYNCJOBS_URL) is doing.")
 def syncjobs_group() -> None:
     pass
 
 
-@syncjobs_group.command("worker", context_settings=_PASS_THROUGH, add_help_option=False)
+@syncjobs_group.command(
+    "worker",
+    context_settings=_PASS_THROUGH,
+    add_help_option=False,
+    short_help="run workers for the app's queues until SIGTERM or SIGINT",
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @with_appcontext
 def worker_command(args: Sequence[str]) -> None:
-    """Run workers for the app's queues until SIGTERM or SIGINT (--help for the options)."""
     parser = argparse.ArgumentParser(
         prog="flask syncjobs worker",
-        description="Run workers for the app's queues (SYNCJOBS_URL) until SIGTERM or SIGINT; jobs run inside "
-        "an app context of this app.",
+        description=textwrap.fill(
+            "Take jobs from the app's queues (SYNCJOBS_URL, SYNCJOBS_QUEUES) and run them, each inside an app "
+            "context of this app, until told to stop. The first SIGTERM or SIGINT stops claiming and gives "
+            "running jobs --grace seconds; what still runs then is cancelled and handed back to the queue. A "
+            "second signal hands them back at once. Prints one 'syncjobs worker ready' line when it is taking "
+            "work; exits 0 after a clean stop.",
+            78,
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    worker.add_arguments(parser)
+    worker.add_arguments(parser, _DEFAULTS)
     logs.add_arguments(parser)
     options = parser.parse_args(list(args))
     state = current_app.extensions["syncjobs"]
@@ -48,30 +64,54 @@ def worker_command(args: Sequence[str]) -> None:
     # This process is a worker now: a job's own dispatch must not start embedded workers too.
     state.embedded_allowed = False
     try:
-        queues = state.worker_queues(options.queues, options.workers, options.grace)
-        code = worker.serve(queues, max_jobs=options.max_jobs, burst=options.burst, exit_if_stuck=True)
+        queues = state.worker_queues(
+            options.queues,
+            options.workers,
+            options.grace,
+            timeout=options.timeout,
+            keep_result=options.keep_result,
+        )
+        code = worker.serve(
+            queues,
+            max_jobs=options.max_jobs,
+            burst=options.burst,
+            exit_if_stuck=True,
+            wait_for_db=options.wait_for_db,
+        )
     except CommandError as exc:
         _fail("worker", str(exc))
+    except QueueError as exc:  # a bad setting in the app's config
+        _fail("worker", str(exc))
+    except (ValueError, TypeError) as exc:
+        _fail("worker", one_line(exc))
     finally:
         undo()
     sys.exit(code)
 
 
-def _pass_through(command: str) -> None:
-    @syncjobs_group.command(command, context_settings=_PASS_THROUGH, add_help_option=False)
+def _table_command(command: str) -> None:
+    @syncjobs_group.command(
+        command,
+        context_settings=_PASS_THROUGH,
+        add_help_option=False,
+        short_help=TABLE_COMMANDS[command],
+    )
     @click.argument("args", nargs=-1, type=click.UNPROCESSED)
     @with_appcontext
     def run(args: Sequence[str]) -> None:
-        url = current_app.extensions["syncjobs"].url
-        if url.startswith("memory:"):
-            _fail(command, "SYNCJOBS_URL is memory://: there is no table to look at")
-        sys.exit(main([command, *args, "--url", url]))
-
-    run.__doc__ = f"`syncjobs {command}` on the app's SYNCJOBS_URL (--help for the options)."
+        parser = table_commands_parser("flask syncjobs", "See and repair the app's jobs table (SYNCJOBS_URL).")
+        sys.exit(run_command(parser, [command, *args], target=_app_table))
 
 
-for _command in ("migrate", "stats", "dead"):
-    _pass_through(_command)
+def _app_table() -> TableTarget:
+    url: str = current_app.extensions["syncjobs"].url
+    if url.startswith("memory:"):
+        raise CommandError("SYNCJOBS_URL is memory://: its jobs live inside the web process; there is no table")
+    return TableTarget(url, created_by="`flask syncjobs migrate`")
+
+
+for _command in TABLE_COMMANDS:
+    _table_command(_command)
 
 
 def _fail(command: str, message: str) -> NoReturn:

@@ -17,16 +17,21 @@ from syncjobs.cli import logs, worker
 from syncjobs.cli.target import CommandError as SyncJobsCommandError
 from syncjobs.cli.worker import StopRequest
 from syncjobs.contrib.django import reloading, worker_queues
+from syncjobs.errors import QueueError
+
+#: Where each option takes its default from: the project's settings.
+_DEFAULTS = worker.OptionDefaults.from_settings(lambda key: f'SYNCJOBS["{key}"]')
 
 
 class Command(BaseCommand):
     help = (
-        "Run syncjobs workers for this project until SIGTERM or SIGINT: the first stops claiming and gives "
-        "running jobs the grace, a second hands them back at once."
+        "Run syncjobs workers for this project's queues (settings.SYNCJOBS) until SIGTERM or SIGINT: the "
+        "first stops claiming and gives running jobs the grace, a second hands them back at once. Prints "
+        "one 'syncjobs worker ready' line when it is taking work; exits 0 after a clean stop."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        worker.add_arguments(parser)
+        worker.add_arguments(parser, _DEFAULTS)
         logs.add_arguments(parser)
         parser.add_argument(
             "--reload",
@@ -51,7 +56,13 @@ class Command(BaseCommand):
         # Connections opened at startup (checks, settings) are not the workers'.
         connections.close_all()
         try:
-            queues = worker_queues(options["queues"], workers=options["workers"], grace=options["grace"])
+            queues = worker_queues(
+                options["queues"],
+                workers=options["workers"],
+                grace=options["grace"],
+                timeout=options["timeout"],
+                keep_result=options["keep_result"],
+            )
             return worker.serve(
                 queues,
                 max_jobs=options["max_jobs"],
@@ -61,6 +72,7 @@ class Command(BaseCommand):
                 # cancel token does not keep it alive after the stop.
                 exit_if_stuck=True,
                 on_ready=on_ready,
+                wait_for_db=options["wait_for_db"],
             )
-        except (SyncJobsCommandError, ImproperlyConfigured) as exc:
+        except (SyncJobsCommandError, ImproperlyConfigured, QueueError) as exc:
             raise CommandError(str(exc)) from exc  # one line, as `syncjobs worker` says it
