@@ -103,3 +103,38 @@ def test_psycopg_is_at_least_the_version_whose_notifies_the_listener_uses() -> N
     # notifies(timeout=, stop_after=) is psycopg 3.2's; on 3.1 the listener
     # falls back to polling: pickup takes a poll interval, with a log line each time.
     assert _version(lower_bounds()["psycopg"]) >= (3, 2)
+
+
+# -- the wheel: every file of the package, as setup.cfg tells setuptools to build it ---------------
+
+
+def _in_the_wheel() -> set[str]:
+    """The package's files that setuptools' build_py copies into the wheel, without building it."""
+    from setuptools.dist import Distribution
+
+    dist = Distribution({"script_name": "setup.py"})
+    dist.parse_config_files([os.path.join(ROOT, "setup.cfg")])
+    build_py = dist.get_command_obj("build_py")
+    build_py.ensure_finalized()
+    return {os.path.relpath(path, build_py.build_lib) for path in build_py.get_outputs(include_bytecode=False)}
+
+
+def _in_the_checkout() -> set[str]:
+    found = set()
+    for directory, subdirectories, files in os.walk(os.path.join(ROOT, "syncjobs")):
+        subdirectories[:] = [name for name in subdirectories if name != "__pycache__"]
+        for name in files:
+            if not name.endswith((".pyc", ".pyo")):
+                found.add(os.path.relpath(os.path.join(directory, name), ROOT))
+    return found
+
+
+def test_the_wheel_holds_every_file_of_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The suite imports the checkout, where every file is there: a subpackage that setup.cfg's
+    # find: misses (no __init__.py, or outside its include) or a data file its package_data
+    # leaves out would be missing only from what users install.
+    monkeypatch.chdir(ROOT)  # setuptools resolves the package directories from the working directory
+    wheel = _in_the_wheel()
+    missing = sorted(_in_the_checkout() - wheel)
+    assert missing == [], f"setup.cfg leaves these out of the wheel: {missing}"
+    assert os.path.join("syncjobs", "py.typed") in wheel  # PEP 561's marker: without it mypy ignores the types
