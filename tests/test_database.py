@@ -476,9 +476,14 @@ def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> No
         return real(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", without_drivers)
-    with pytest.raises(syncjobs.QueueError, match=r"pip install 'syncjobs\[postgres\]'"):
+    with pytest.raises(
+        syncjobs.QueueError,
+        match=r"install syncjobs' 'postgres' extra \(from a checkout, pip install '\.\[postgres\]'\)",
+    ):
         syncjobs.DatabaseJobQueue("postgresql://db/app")
-    with pytest.raises(syncjobs.QueueError, match=r"pip install 'syncjobs\[mysql\]'"):
+    with pytest.raises(
+        syncjobs.QueueError, match=r"install syncjobs' 'mysql' extra \(from a checkout, pip install '\.\[mysql\]'\)"
+    ):
         syncjobs.DatabaseJobQueue("mysql://db/app")
 
 

@@ -139,5 +139,6 @@ class Dialect:
             return importlib.import_module(self.driver)
         except ImportError as exc:
             raise QueueError(
-                f"the {self.name} backend needs the {self.driver} driver: pip install 'syncjobs[{self.extra}]'"
+                f"the {self.name} backend needs the {self.driver} driver: install syncjobs' {self.extra!r} extra "
+                f"(from a checkout, pip install '.[{self.extra}]')"
             ) from exc
