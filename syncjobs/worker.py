@@ -705,7 +705,7 @@ class WorkerPool:
                 envelope.id,
                 error.removeprefix("cannot be run: "),
                 retry_in,
-                extra=_extra(envelope),
+                extra={**_extra(envelope), "outcome": outcome.value},
             )
         elif outcome is Outcome.DEAD:
             if job is not None:  # a run happened and is spent

@@ -246,6 +246,22 @@ def test_json_logs_carry_the_job_fields(db_url: str, table: str) -> None:
     assert done["duration"] >= 0
 
 
+@pytest.mark.timeout(60)
+def test_a_job_handed_back_for_a_worker_that_knows_it_is_one_log_line(db_url: str, table: str) -> None:
+    [job_id] = dispatch(db_url, table, Quick(1))
+    # No --import: this worker knows no class, as an old release's meeting a new job.
+    code, _, err = run("worker", "--url", db_url, "--table", table, "--burst", "--log-format", "json")
+    assert code == 0, err
+    entries = [json.loads(line) for line in err.splitlines()]
+    [line] = [e for e in entries if e.get("job_id") == job_id]  # nothing ran: no run line beside it
+    assert line["outcome"] == "deferred"
+    assert line["attempt"] == 1
+    assert "no job class is registered as 'cli.quick' here; handed back unrun" in line["message"]
+    [warning] = [e["message"] for e in entries if e["level"] == "WARNING"]
+    assert warning.startswith("no job classes are registered: this worker runs no job")
+    assert rows(db_url, table) == [("cli.quick", "queued", 0)]
+
+
 def test_sigterm_mid_job_hands_it_back_within_the_grace(db_url: str, table: str, started: list[Command]) -> None:
     command = worker(started, db_url, table, "--grace", "1", "--workers", "2")
     [job_id] = dispatch(db_url, table, Sleepy(120))

@@ -172,7 +172,10 @@ def serve(
     out = out or sys.stdout  # looked up per call: a test runner may have replaced it
     _check_databases(queues, wait_for_db)
     if not any(q.registered_names() for q in queues):
-        logger.warning("no job classes are registered: every job this worker claims becomes a dead letter")
+        logger.warning(
+            "no job classes are registered: this worker runs no job (each it claims is handed back for a worker "
+            "that knows it, then a dead letter: --import MODULE, or an APP, names the jobs)"
+        )
     events: stdqueue.SimpleQueue[_Event] = stdqueue.SimpleQueue()
     stopping = threading.Event()  # ends the --burst watcher once a stop begins
     if threading.current_thread() is not threading.main_thread():
@@ -476,6 +479,8 @@ def _count_runs(queues: Sequence[StoreQueue], limit: int, reached: Callable[[], 
 
 
 def _log_run(report: RunReport) -> None:
+    if report.outcome is Outcome.DEFERRED:
+        return  # nothing ran: the pool's own INFO line says it was handed back, and why
     if report.outcome is Outcome.DONE:
         result = "done"
     elif report.outcome is Outcome.RETRY:
@@ -484,8 +489,6 @@ def _log_run(report: RunReport) -> None:
         result = f"dead: {report.error}"
     elif report.outcome is Outcome.CANCELLED:
         result = "cancelled"
-    elif report.outcome is Outcome.DEFERRED:
-        result = f"handed back unrun, looking again in {report.retry_in:.3g}s: {report.error}"
     else:
         result = f"aborted: {report.error}"
     logger.info(
