@@ -27,7 +27,7 @@ from ..database import DatabaseJobQueue
 from ..exit_hooks import before_threads_join
 from ..queue import StoreQueue, shutdown_in_turn
 from ..urls import mask_url
-from ..worker import Outcome, RunLimit, RunReport
+from ..worker import RunLimit, RunReport, log_run
 from .target import CommandError, one_line, queue_for
 
 logger = logging.getLogger("syncjobs.worker")
@@ -247,7 +247,7 @@ def _serve(
     if max_jobs:
         _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
     for queue in queues:
-        queue.observe_runs(_log_run)
+        queue.observe_runs(log_run)
     _start(queues)
     if burst:
         # Before the readiness line: once it is out, the caller may end the
@@ -265,7 +265,7 @@ def _serve(
         except BaseException:
             shutdown_in_turn(queues)
             raise
-    out.write(f"syncjobs worker ready: pid {os.getpid()}, {_describe(queues)}\n")
+    out.write(f"syncjobs worker ready: pid {os.getpid()}, {describe(queues)}\n")
     out.flush()
 
 
@@ -347,7 +347,8 @@ def _log_stop(event: _Event, grace: float) -> None:
         logger.info("%s reached: stopping; running jobs get %gs", event.kind, grace)
 
 
-def _describe(queues: Sequence[StoreQueue]) -> str:
+def describe(queues: Sequence[StoreQueue]) -> str:
+    """What ``queues`` serve, for the readiness line: threads, queue names, table and masked URL."""
     first = queues[0]
     if isinstance(first, DatabaseJobQueue):
         names = ", ".join(repr(queue.queue_name) for queue in queues if isinstance(queue, DatabaseJobQueue))
@@ -409,37 +410,6 @@ def _count_runs(queues: Sequence[StoreQueue], limit: int, reached: Callable[[], 
     for queue in queues:
         queue.limit_runs(allowed)
         queue.observe_runs(count)
-
-
-def _log_run(report: RunReport) -> None:
-    if report.outcome is Outcome.DONE:
-        result = "done"
-    elif report.outcome is Outcome.RETRY:
-        result = f"failed, retry in {report.retry_in:.3g}s: {report.error}"
-    elif report.outcome is Outcome.DEAD:
-        result = f"dead: {report.error}"
-    elif report.outcome is Outcome.CANCELLED:
-        result = "cancelled"
-    elif report.outcome is Outcome.DEFERRED:
-        result = f"handed back unrun, looking again in {report.retry_in:.3g}s: {report.error}"
-    else:
-        result = f"aborted: {report.error}"
-    logger.info(
-        "job %s (%s) run %d of %d in %.1fms: %s",
-        report.name,
-        report.id,
-        report.attempt,
-        report.max_attempts,
-        report.duration * 1000,
-        result,
-        extra={
-            "job_name": report.name,
-            "job_id": report.id,
-            "attempt": report.attempt,
-            "duration": round(report.duration, 6),
-            "outcome": report.outcome.value,
-        },
-    )
 
 
 def _leave_stuck(workers: list[threading.Thread], code: int, bound: float = 1.0) -> None:
