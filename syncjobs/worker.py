@@ -34,6 +34,8 @@ from .status import DEFAULT_KEEP_RESULT, Progress
 from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
+#: Where the per-run lines go: the worker commands and embedded workers log the same line.
+run_logger = logging.getLogger("syncjobs.worker")
 
 # How long shutdown waits, past the grace, for idle workers to take their
 # wake-up and leave; they need microseconds, so this is only a backstop.
@@ -828,6 +830,38 @@ def _cancel_key(envelope: Envelope) -> tuple[str, str | None]:
 
 def _abandoned(run: _Run | None) -> bool:
     return run is not None and run.abandoned
+
+
+def log_run(report: RunReport) -> None:
+    """The per-run INFO line (job, id, run N of M, time, outcome) on ``syncjobs.worker``; never the payload."""
+    if report.outcome is Outcome.DEFERRED:
+        return  # nothing ran: the pool's own INFO line says it was handed back, and why
+    if report.outcome is Outcome.DONE:
+        result = "done"
+    elif report.outcome is Outcome.RETRY:
+        result = f"failed, retry in {report.retry_in:.3g}s: {report.error}"
+    elif report.outcome is Outcome.DEAD:
+        result = f"dead: {report.error}"
+    elif report.outcome is Outcome.CANCELLED:
+        result = "cancelled"
+    else:
+        result = f"aborted: {report.error}"
+    run_logger.info(
+        "job %s (%s) run %d of %d in %.1fms: %s",
+        report.name,
+        report.id,
+        report.attempt,
+        report.max_attempts,
+        report.duration * 1000,
+        result,
+        extra={
+            "job_name": report.name,
+            "job_id": report.id,
+            "attempt": report.attempt,
+            "duration": round(report.duration, 6),
+            "outcome": report.outcome.value,
+        },
+    )
 
 
 def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> object:

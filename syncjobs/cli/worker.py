@@ -28,7 +28,7 @@ from ..database import DatabaseJobQueue
 from ..exit_hooks import before_threads_join
 from ..queue import StoreQueue, shutdown_in_turn
 from ..urls import mask_url
-from ..worker import Outcome, RunLimit, RunReport
+from ..worker import RunLimit, RunReport, log_run
 from .target import CommandError, check_reachable, one_line, queue_for
 
 logger = logging.getLogger("syncjobs.worker")
@@ -293,7 +293,7 @@ def _serve(
         _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
     ready = threading.Event()
     for queue in queues:
-        queue.observe_runs(_log_run)
+        queue.observe_runs(log_run)
         queue.wrap_runs(lambda: _after(ready))
     _start(queues, ready)
     if burst:
@@ -315,7 +315,7 @@ def _serve(
             shutdown_in_turn(queues)
             raise
     try:
-        out.write(f"syncjobs worker ready: pid {os.getpid()}, {_describe(queues)}\n")
+        out.write(f"syncjobs worker ready: pid {os.getpid()}, {describe(queues)}\n")
         out.flush()
     finally:
         ready.set()
@@ -414,7 +414,8 @@ def _log_stop(event: _Event, grace: float) -> None:
         logger.info("%s reached: stopping; running jobs get %gs", event.kind, grace)
 
 
-def _describe(queues: Sequence[StoreQueue]) -> str:
+def describe(queues: Sequence[StoreQueue]) -> str:
+    """What ``queues`` serve, for the readiness line: threads, queue names, table and masked URL."""
     first = queues[0]
     if isinstance(first, DatabaseJobQueue):
         names = ", ".join(repr(queue.queue_name) for queue in queues if isinstance(queue, DatabaseJobQueue))
@@ -476,37 +477,6 @@ def _count_runs(queues: Sequence[StoreQueue], limit: int, reached: Callable[[], 
     for queue in queues:
         queue.limit_runs(allowed)
         queue.observe_runs(count)
-
-
-def _log_run(report: RunReport) -> None:
-    if report.outcome is Outcome.DEFERRED:
-        return  # nothing ran: the pool's own INFO line says it was handed back, and why
-    if report.outcome is Outcome.DONE:
-        result = "done"
-    elif report.outcome is Outcome.RETRY:
-        result = f"failed, retry in {report.retry_in:.3g}s: {report.error}"
-    elif report.outcome is Outcome.DEAD:
-        result = f"dead: {report.error}"
-    elif report.outcome is Outcome.CANCELLED:
-        result = "cancelled"
-    else:
-        result = f"aborted: {report.error}"
-    logger.info(
-        "job %s (%s) run %d of %d in %.1fms: %s",
-        report.name,
-        report.id,
-        report.attempt,
-        report.max_attempts,
-        report.duration * 1000,
-        result,
-        extra={
-            "job_name": report.name,
-            "job_id": report.id,
-            "attempt": report.attempt,
-            "duration": round(report.duration, 6),
-            "outcome": report.outcome.value,
-        },
-    )
 
 
 def _leave_stuck(workers: list[threading.Thread], code: int, bound: float = 1.0) -> None:

@@ -7,12 +7,18 @@
 - :class:`ProcessQueues`: queues by name, built on first use in each
   process (a forked child, under a pre-forking server, builds its own: the
   parent's connections and threads are not its), whose embedded workers start
-  lazily and stop with their grace when the interpreter exits.
+  when asked (a request, a dispatch, a server's worker process starting),
+  log the worker command's per-run line, and stop with their grace when the
+  interpreter exits.
+- :func:`log_through`: where nothing shows syncjobs' records (a server such
+  as gunicorn leaves the root logger without handlers), hand them to the
+  framework's logger, so that they land where the app's own lines do.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 import weakref
@@ -23,7 +29,9 @@ from ..envelope import DeadLetter
 from ..exit_hooks import before_threads_join
 from ..job import Job
 from ..queue import StoreQueue, shutdown_in_turn
-from ..worker import RunWrapper
+from ..worker import RunWrapper, log_run
+
+logger = logging.getLogger("syncjobs")
 
 
 class JobSetup:
@@ -111,6 +119,8 @@ class ProcessQueues:
             queue = self._queues.get(name)
             if queue is None:
                 queue = self._queues[name] = self._build(name)
+                # Embedded workers have no command to log their runs: the same line, once per queue.
+                queue.observe_runs(log_run)
             return queue
 
     def start(self, names: Iterable[str]) -> None:
@@ -154,6 +164,9 @@ class ProcessQueues:
             with self._lock:
                 self._started.difference_update(wanted)
             raise
+        from ..cli.worker import describe  # noqa: PLC0415 - the command's module, loaded once workers run
+
+        logger.info("embedded workers started: pid %d, %s", os.getpid(), describe(started))
 
     def shutdown(self) -> None:
         """Stop this process's workers, each queue with its grace; a later ``start()`` starts them again.
@@ -196,3 +209,71 @@ class ProcessQueues:
             self._pid = os.getpid()
             self._queues = {}
             self._started = set()
+
+
+class LogFallback(logging.Handler):
+    """Hands syncjobs' records to a framework's logger while no other handler would take them.
+
+    It steps aside for good once one would (logging configured later), so a
+    record is never shown twice.
+    """
+
+    def __init__(self, target: logging.Logger, *, raised_level: bool) -> None:
+        super().__init__()
+        self.target = target
+        #: It set the ``syncjobs`` logger to INFO, and puts it back when it steps aside.
+        self._raised_level = raised_level
+        self._aside = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._aside:
+            return
+        if self._taken_elsewhere(logging.getLogger(record.name)):
+            self._step_aside()
+            return
+        # handle(), not log(): the target's level does not apply (a production app
+        # logger is at WARNING by default), only its handlers and filters do.
+        self.target.handle(record)
+
+    def _taken_elsewhere(self, source: logging.Logger) -> bool:
+        current: logging.Logger | None = source
+        while current is not None:
+            if any(handler is not self for handler in current.handlers):
+                return True
+            current = current.parent if current.propagate else None
+        return False
+
+    def _step_aside(self) -> None:
+        self._aside = True
+        if self._raised_level:
+            library = logging.getLogger("syncjobs")
+            if library.level == logging.INFO:
+                library.setLevel(logging.NOTSET)
+
+
+_fallback_lock = threading.Lock()
+#: Set once this process has looked (at its embedded workers' first start): it looks once.
+_looked = threading.Event()
+
+
+def log_through(target: logging.Logger) -> None:
+    """If nothing shows syncjobs' records, send them (INFO and up) to ``target``'s handlers; once per process.
+
+    Logging configured anywhere on the way (the root logger, ``syncjobs``)
+    keeps them: they propagate as usual, and nothing is added. A ``syncjobs``
+    logger left at NOTSET is set to INFO: the per-run lines are INFO, and
+    Python's last resort shows only WARNING and up, without a format.
+    """
+    if _looked.is_set():
+        return
+    library = logging.getLogger("syncjobs")
+    with _fallback_lock:
+        if _looked.is_set():
+            return
+        _looked.set()
+        if library.hasHandlers() or not target.hasHandlers():
+            return
+        raise_level = library.level == logging.NOTSET
+        library.addHandler(LogFallback(target, raised_level=raise_level))
+        if raise_level:
+            library.setLevel(logging.INFO)

@@ -12,14 +12,24 @@ Job classes, run wrappers and dead-letter callbacks belong to the extension
 in any process, gets them.
 
 Embedded mode (``SYNCJOBS_EMBEDDED = True``, and always with ``memory://``)
-runs the worker threads inside the web process: started lazily, on the first
-request or dispatch in each process (so a pre-forking server such as gunicorn
-forks before any thread exists), and stopped with the grace at exit.
+runs the worker threads inside the web process, and stops them with the grace
+at exit. Under gunicorn they start as soon as each worker process has the
+app: at ``init_app`` in a worker that builds it, just after the fork in one
+that a ``--preload`` master forked (the master itself never runs any). Elsewhere
+they start on the first request or dispatch in each process, or when a
+server's post-fork hook calls :func:`start_embedded`. Their records go where
+the app's do (see :func:`..integration.log_through`).
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
+import os
+import signal
+import sys
+import threading
+import weakref
 from typing import Any, TypeVar
 
 from flask import Flask, current_app
@@ -32,10 +42,12 @@ from ...queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from ...settings import connect
 from ...status import DEFAULT_KEEP_RESULT, JobHandle
 from ...worker import RunWrapper
-from ..integration import JobSetup, ProcessQueues
+from ..integration import JobSetup, ProcessQueues, log_through
 
 J = TypeVar("J", bound=type[Job])
 C = TypeVar("C", bound=DeadLetterCallback)
+
+logger = logging.getLogger("syncjobs")
 
 _DISPATCH_OPTIONS = frozenset({"delay", "run_at", "queue"})
 
@@ -67,6 +79,7 @@ class SyncJobs:
         from .cli import syncjobs_group  # noqa: PLC0415 - click is loaded only with an app
 
         app.cli.add_command(syncjobs_group)
+        _start_early(state)
 
     def register(self, job_cls: J) -> J:
         """Make ``job_cls`` runnable by every app's queues; a class decorator."""
@@ -111,6 +124,11 @@ class AppQueues:
         self._queues = ProcessQueues(lambda name: self._build(name, self.app.config["SYNCJOBS_WORKERS"]))
         #: False in a process that ``flask syncjobs worker`` runs: it has its workers.
         self.embedded_allowed = True
+        #: The process that built the app: its forked children start their workers at once (under gunicorn).
+        self.home_pid = os.getpid()
+        #: A process that starts no worker (a gunicorn master that forks its workers from the app), or 0.
+        self.forks_first = 0
+        _apps.add(self)
 
     @property
     def url(self) -> str:
@@ -148,13 +166,32 @@ class AppQueues:
         self.ensure_embedded(name)
         return self._queues.get(name).dispatch(job, delay=delay, run_at=run_at)
 
+    def start(self) -> None:
+        """Embedded mode: start this process's workers now, not at the first request; a no-op otherwise.
+
+        For a server's post-fork hook (uWSGI's ``@postfork``, say); under
+        gunicorn they start by themselves.
+        """
+        self.ensure_embedded()
+
     def ensure_embedded(self, *names: str) -> None:
         """Embedded mode: start this process's workers of ``SYNCJOBS_QUEUES`` (and ``names``), once, after any fork.
 
-        Never once the interpreter exits: a job dispatched then stays queued.
+        Never once the interpreter exits (a job dispatched then stays queued),
+        nor in a process that forks its workers from this one.
         """
-        if self.embedded:
+        if self.embedded and self.forks_first != os.getpid():
+            log_through(self.app.logger)
             self._queues.start([*self.app.config["SYNCJOBS_QUEUES"], *names])
+
+    def start_or_log(self) -> None:
+        """:meth:`start` where no caller could take an error: it is logged; the next request or dispatch tries again."""
+        try:
+            self.start()
+        except Exception:
+            logger.exception(
+                "embedded workers of app %r could not start; the next request or dispatch tries again", self.app.name
+            )
 
     def shutdown(self) -> None:
         """Stop this process's workers, each queue with its grace; a later dispatch starts them again."""
@@ -183,3 +220,73 @@ class AppQueues:
             raise TypeError(f"expected a syncjobs queue, got {type(queue).__name__}")
         # Jobs and dead-letter callbacks run inside an app context of this app.
         return self._setup.apply(queue, around=self.app.app_context)
+
+
+#: Every app's state in this process (and, after a fork, its parent's).
+_apps: weakref.WeakSet[AppQueues] = weakref.WeakSet()
+_fork_hook_lock = threading.Lock()
+_fork_hooked = False
+
+
+def start_embedded() -> None:
+    """Start the embedded workers of every app (with embedded mode) this process has; for a server's post-fork hook.
+
+    A failure is logged, not raised: the next request or dispatch tries again.
+    """
+    for state in list(_apps):
+        state.start_or_log()
+
+
+def _start_early(state: AppQueues) -> None:
+    """Under gunicorn: start now in a worker, or right after the fork in each worker a ``--preload`` master forks.
+
+    The workers then share the jobs from the start, not each from its first
+    request. Elsewhere nothing starts here: ``flask`` commands and scripts
+    build the app too, and must not take jobs.
+    """
+    role = _gunicorn_role()
+    if role == "worker":
+        state.start_or_log()
+    elif role == "master":
+        state.forks_first = os.getpid()  # no thread here: threads do not survive a fork
+        _hook_forks()
+
+
+def _gunicorn_role() -> str | None:
+    """``"worker"`` in a gunicorn worker process, ``"master"`` in its master (``--preload``), else None."""
+    # gunicorn's master sets it in its environment, which its workers inherit.
+    if not os.environ.get("SERVER_SOFTWARE", "").startswith("gunicorn/"):
+        return None
+    base = sys.modules.get("gunicorn.workers.base")
+    # A worker sets its signal handlers before it loads the app; the master sets its own after (--preload).
+    handler = signal.getsignal(signal.SIGTERM)
+    if base is not None and isinstance(getattr(handler, "__self__", None), base.Worker):
+        return "worker"
+    return "master" if "gunicorn.arbiter" in sys.modules else None
+
+
+def _hook_forks() -> None:
+    global _fork_hooked  # noqa: PLW0603 - one hook per process: it serves every app
+    with _fork_hook_lock:
+        if _fork_hooked:
+            return
+        _fork_hooked = True
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _after_fork_in_child() -> None:
+    # Only in a child of the process that built the app (a gunicorn worker), not
+    # in a grandchild (a job's multiprocessing pool): that is another program.
+    forked = [state for state in list(_apps) if state.home_pid == os.getppid() and state.forks_first]
+    if not forked:
+        return
+    # Not here, inside fork(): the forking code (gunicorn's worker setup) has
+    # not run yet, and a start connects to the database and may wait. A thread
+    # starts them as the child goes on; a request or a dispatch first starts
+    # them itself, and this start then finds them running.
+    threading.Thread(target=_start_all, args=(forked,), name="syncjobs-embedded-start", daemon=True).start()
+
+
+def _start_all(states: list[AppQueues]) -> None:
+    for state in states:
+        state.start_or_log()
