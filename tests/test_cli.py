@@ -595,6 +595,44 @@ def test_dead_purge_says_which_dead_letters_or_deletes_nothing(db_url: str, tabl
     assert execute(db_url, f"SELECT queue FROM {table} WHERE state = 'dead'") == [("default",)]
 
 
+@pytest.mark.timeout(60)
+def test_prune_deletes_what_workers_delete_as_they_go_for_every_queue(db_url: str, table: str) -> None:
+    queue = syncjobs.DatabaseJobQueue(db_url, workers=1, table=table, queue="gone")
+    queue.register(Quick)
+    with queue:
+        done = queue.dispatch(Quick(1))
+        assert done.result(WAIT) is None
+    old, recent = dispatch(db_url, table, Quick(2), Quick(3), queue="gone", delay=3600)
+    assert queue.cancel(old)
+    assert queue.cancel(recent)
+    dead = queue.dispatch(Quick(-1))  # stays: dead letters are `dead purge`'s
+    execute(db_url, f"UPDATE {table} SET state = 'dead' WHERE id = ?", (dead,))
+    # As if the queue's workers went away two hours ago, with all this left behind.
+    hours_ago = 7200
+    execute(db_url, f"UPDATE {table} SET finished_at = finished_at - ? WHERE id = ?", (hours_ago, old))
+    execute(db_url, f"UPDATE {table}_results SET expires_at = expires_at - ?", (hours_ago,))
+    execute(db_url, f"UPDATE {table}_finished SET finished_at = finished_at - ?", (hours_ago,))
+    execute(db_url, f"UPDATE {table}_done SET bucket = bucket - ?", (hours_ago,))
+
+    code, out, err = run("prune", "--url", db_url, "--table", table)
+    assert code == 0, err
+    assert re.fullmatch(
+        r"pruned 1 expired record\(s\) of done jobs, 1 cancelled job\(s\), [1-9]\d* id\(s\) of jobs finished over "
+        r"an hour ago, \d+ row\(s\) of workers gone and [1-9]\d* done count\(s\) over an hour old\n",
+        out,
+    ), out
+    assert queue.status(done) is None  # its record was past its keep_result
+    assert sorted(rows(db_url, table)) == [("cli.quick", "cancelled", 0), ("cli.quick", "dead", 0)]
+    assert execute(db_url, f"SELECT COUNT(*) FROM {table}_finished")[0][0] == 0
+    assert execute(db_url, f"SELECT COUNT(*) FROM {table}_done")[0][0] == 0
+    [(kept,)] = execute(db_url, f"SELECT id FROM {table} WHERE state = 'cancelled'")
+    assert kept == recent  # finished a moment ago: within --cancelled-older-than
+
+    code, _, err = run("prune", "--url", db_url, "--table", table, "--cancelled-older-than", "7x")
+    assert code == 2
+    assert "--cancelled-older-than" in err
+
+
 class Terminal:
     """A pseudo-terminal to give a command as its stdin: it asks there, and reads the answer typed."""
 

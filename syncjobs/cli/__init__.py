@@ -91,6 +91,7 @@ TABLE_COMMANDS = {
     "show": "one job's whole record: state, runs, times, progress, error, result",
     "cancel": "cancel jobs: a waiting one never runs, a running one is asked to stop",
     "dead": "list, show, retry and purge dead letters",
+    "prune": "delete what workers delete as they go, for queues no worker serves",
 }
 
 
@@ -99,21 +100,21 @@ def add_table_commands(
     parents: Callable[[], list[argparse.ArgumentParser]],
 ) -> None:
     """Add the TABLE_COMMANDS to ``commands``, each subcommand with the options of ``parents()``."""
-    migrate = commands.add_parser(
+
+    def add(name: str, description: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, parents=parents(), help=TABLE_COMMANDS[name], description=description)
+
+    migrate = add(
         "migrate",
-        parents=parents(),
-        help=TABLE_COMMANDS["migrate"],
-        description="Create the tables, or upgrade them to this release's schema. Idempotent, and safe "
+        "Create the tables, or upgrade them to this release's schema. Idempotent, and safe "
         "to run from many processes at once.",
     )
     migrate.add_argument("--sql", action="store_true", help="print the DDL instead of running it")
     migrate.set_defaults(handler=inspect.migrate)
 
-    stats = commands.add_parser(
+    stats = add(
         "stats",
-        parents=parents(),
-        help=TABLE_COMMANDS["stats"],
-        description="Per queue: jobs queued (ready now), running, parked (delayed or waiting to retry) "
+        "Per queue: jobs queued (ready now), running, parked (delayed or waiting to retry) "
         "and dead; how long the oldest ready job has waited; jobs done in the last minute. Then the "
         "live worker processes with their heartbeats.",
     )
@@ -128,11 +129,9 @@ def add_table_commands(
     )
     stats.set_defaults(handler=inspect.stats)
 
-    show = commands.add_parser(
+    show = add(
         "show",
-        parents=parents(),
-        help=TABLE_COMMANDS["show"],
-        description="Print one job's record, from any queue of the table: its state (queued, scheduled, "
+        "Print one job's record, from any queue of the table: its state (queued, scheduled, "
         "running, retrying, done, dead, cancelled), runs spent, when it was created, started and "
         "finished, its progress, and its error or result. Exits 1 if there is no record of it.",
     )
@@ -140,11 +139,9 @@ def add_table_commands(
     show.add_argument("--json", action="store_true", help="one JSON object, for machines")
     show.set_defaults(handler=inspect.show)
 
-    cancel = commands.add_parser(
+    cancel = add(
         "cancel",
-        parents=parents(),
-        help=TABLE_COMMANDS["cancel"],
-        description="Cancel jobs by id. A queued, delayed or retrying job is cancelled at once and never "
+        "Cancel jobs by id. A queued, delayed or retrying job is cancelled at once and never "
         "runs. A running one has its cancel token set by its worker's next heartbeat, and ends "
         "cancelled when its run returns (it is not retried). Exits 1 if any id names no unfinished job.",
     )
@@ -186,6 +183,23 @@ def add_table_commands(
     )
     purge.add_argument("-y", "--yes", action="store_true", help="do not ask first on a terminal")
     dead.set_defaults(handler=inspect.dead)
+
+    prune = add(
+        "prune",
+        "Delete, for every queue of the table, what its workers delete as they go: records of done "
+        "jobs past their keep_result, cancelled jobs finished at least --cancelled-older-than ago, ids of jobs "
+        "finished over an hour ago, rows of workers whose heartbeat stopped, and counts of done jobs over an "
+        "hour old. For a queue no worker serves any more; run it from cron. Dead letters stay: `dead purge` "
+        "deletes those.",
+    )
+    prune.add_argument(
+        "--cancelled-older-than",
+        type=_duration,
+        default="10m",
+        metavar="DURATION",
+        help="cancelled jobs finished at least this long ago: 90s, 15m, 12h, 7d (default 10m, as keep_result)",
+    )
+    prune.set_defaults(handler=inspect.prune)
 
 
 def table_commands_parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -283,6 +283,21 @@ def dead(args: argparse.Namespace, out: TextIO | None = None) -> int:
         admin.close()
 
 
+def prune(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    admin = open_admin(args)
+    try:
+        pruned = admin.prune(cancelled_older_than=parse_duration(args.cancelled_older_than))
+    finally:
+        admin.close()
+    out.write(
+        f"pruned {pruned.records} expired record(s) of done jobs, {pruned.cancelled} cancelled job(s), "
+        f"{pruned.finished_ids} id(s) of jobs finished over an hour ago, {pruned.workers} row(s) of workers gone "
+        f"and {pruned.done_counts} done count(s) over an hour old\n"
+    )
+    return 0
+
+
 def _dead_purge(admin: TableAdmin, args: argparse.Namespace, out: TextIO) -> int:
     older = parse_duration(args.older_than) if args.older_than else 0.0
     scope = (f" of queue {args.queue!r}" if args.queue else "") + (

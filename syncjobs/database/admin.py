@@ -18,7 +18,7 @@ from ..status import JobStatus, Progress, State, decode_result, utc
 from . import queries
 from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
-from .schema import SCHEMA_VERSION, add_columns, ddl, record_version
+from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT, SCHEMA_VERSION, add_columns, ddl, record_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +72,17 @@ class DeadRow:
 
     def dead_letter(self) -> DeadLetter:
         return dead_letter_from_text(self.id, self.name, self.payload, self.attempts, self.error)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    """What :meth:`TableAdmin.prune` deleted, by kind."""
+
+    records: int
+    cancelled: int
+    finished_ids: int
+    workers: int
+    done_counts: int
 
 
 class TableAdmin:
@@ -273,6 +284,27 @@ class TableAdmin:
 
         count: int = self._db.transaction(delete, timeout=self.timeout)
         return count
+
+    def prune(self, *, cancelled_older_than: float) -> Pruned:
+        """Delete what the workers of each queue delete as they go: for queues no worker serves for a while.
+
+        Expired records of done jobs, cancelled jobs finished at least
+        ``cancelled_older_than`` seconds ago, ids of jobs finished over an hour
+        ago, the rows of workers whose heartbeat stopped, and counts of done
+        jobs over an hour old. Dead letters stay (:meth:`purge` deletes those).
+        """
+        older = _seconds_ago(cancelled_older_than)
+        steps = (
+            (queries.RESULTS_PRUNE, ()),
+            (queries.PRUNE_CANCELLED, (older,)),
+            (queries.FINISHED_PRUNE, (FINISHED_KEPT,)),
+            (queries.WORKERS_PRUNE, ()),
+            (queries.PRUNE_DONE_COUNTS, (int(time.time()) - DONE_COUNTS_KEPT,)),
+        )
+        # One statement at a time, each committed on its own, as the workers do:
+        # none holds its locks while the others run.
+        counts = [self._run(self._sql(sql), params, rows=False) for sql, params in steps]
+        return Pruned(*counts)
 
     def count_dead(self, *, older_than: float = 0.0, queue: str | None = None) -> int:
         """How many dead letters died at least ``older_than`` seconds ago: what ``purge()`` would delete now."""

@@ -40,6 +40,7 @@ from .claim_floor import LOWEST_DOUBLE, ClaimFloor
 from .dialect import Dialect
 from .mysql import MYSQL
 from .postgres import POSTGRES
+from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT
 
 logger = logging.getLogger("syncjobs.database")
 
@@ -502,8 +503,8 @@ class Fetcher:
             # and tombstones older than any dispatch retries.
             # Autocommitted, each on its own, so that they hold no lock across others.
             cursor.execute(self._sql["WORKERS_PRUNE"])
-            cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - 3600))
-            cursor.execute(self._sql["FINISHED_PRUNE"], (3600.0,))
+            cursor.execute(self._sql["DONE_PRUNE"], (self.queue, int(time.time()) - DONE_COUNTS_KEPT))
+            cursor.execute(self._sql["FINISHED_PRUNE"], (FINISHED_KEPT,))
             cursor.execute(self._sql["RESULTS_PRUNE"])
             cursor.execute(self._sql["CANCELLED_PRUNE"], (self.queue, self.keep_cancelled))
 

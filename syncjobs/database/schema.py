@@ -19,6 +19,11 @@ from .dialects import MYSQL, POSTGRES, Dialect
 #: asked to do (the Django Tasks backend's ``get_result()`` answers its arguments).
 SCHEMA_VERSION = 5
 
+#: Seconds a finished job's id is kept in ``<table>_finished`` (far longer than any dispatch retries),
+#: and a per-second count of done jobs in ``<table>_done`` (for stats).
+FINISHED_KEPT = 3600.0
+DONE_COUNTS_KEPT = 3600
+
 #: Columns added to a table after it was created: (table suffix, name, type) by version.
 #: ``CREATE TABLE`` has them; :func:`add_columns` adds them to an older table.
 _ADDED_COLUMNS = [
