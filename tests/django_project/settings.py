@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from urllib.parse import urlsplit
 
 import pymysql
 
@@ -42,24 +43,28 @@ DATABASES: dict[str, dict[str, object]] = {
         "TEST": {"NAME": os.path.join(_folder, "test.sqlite3")},
     },
 }
+
+
+def _server(url: str, engine: str, **test: str) -> dict[str, object]:
+    """The Django database for a server URL; its test database is named after the URL's, so that
+    runs pointed at different databases (SYNCJOBS_TEST_*) never share one."""
+    parts = urlsplit(url)
+    name = parts.path.lstrip("/") or "test"
+    return {
+        "ENGINE": engine,
+        "NAME": name,
+        "USER": parts.username or "",
+        "PASSWORD": parts.password or "",
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": parts.port or "",
+        "TEST": {"NAME": f"{name}_syncjobs_django", **test},
+    }
+
+
 if _answers(SERVERS["postgresql"]):
-    DATABASES["postgresql"] = {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": "test",
-        "USER": "postgres",
-        "HOST": "127.0.0.1",
-        "PORT": 5432,
-        "TEST": {"NAME": "test_syncjobs_django"},
-    }
+    DATABASES["postgresql"] = _server(SERVERS["postgresql"], "django.db.backends.postgresql")
 if _answers(SERVERS["mysql"]):
-    DATABASES["mysql"] = {
-        "ENGINE": "django.db.backends.mysql",
-        "NAME": "test",
-        "USER": "root",
-        "HOST": "127.0.0.1",
-        "PORT": 3306,
-        "TEST": {"NAME": "test_syncjobs_django", "CHARSET": "utf8mb4"},
-    }
+    DATABASES["mysql"] = _server(SERVERS["mysql"], "django.db.backends.mysql", CHARSET="utf8mb4")
 
 SECRET_KEY = "syncjobs-tests-only"
 DEBUG = False

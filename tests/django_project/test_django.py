@@ -818,7 +818,8 @@ def test_postgresql_over_a_unix_socket(tmp_path: Path) -> None:
         assert forwarder.accepted >= 1
     assert job_rows(alias) == [("shop.confirm_order", "queued", 0)]
     url, _ = conf.connection_params(connection)
-    assert url == f"postgresql://postgres@{quote(str(tmp_path), safe='')}:5432/test_syncjobs_django"
+    name = connections[alias].settings_dict["NAME"]  # the test database
+    assert url == f"postgresql://postgres@{quote(str(tmp_path), safe='')}:5432/{name}"
 
 
 def test_postgresql_over_ipv6() -> None:
