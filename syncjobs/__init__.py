@@ -15,6 +15,7 @@ from .queue import DEFAULT_SHUTDOWN_GRACE
 from .retry import MAX_BACKOFF, retry_backoff, wait_seconds
 from .settings import connect, from_settings, inmemory_from_settings
 from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
+from .worker import Outcome, RunReport
 
 __version__ = "0.1.0"
 
@@ -36,10 +37,12 @@ __all__ = [
     "JobNotFound",
     "JobQueue",
     "JobStatus",
+    "Outcome",
     "PgJobQueue",
     "QueueError",
     "Retryable",
     "RunInfo",
+    "RunReport",
     "Task",
     "__version__",
     "connect",

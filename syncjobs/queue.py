@@ -20,6 +20,7 @@ from .envelope import Envelope
 from .errors import QueueError
 from .exit_hooks import exit_watch
 from .function_tasks import TaskDecorator
+from .hooks import DispatchHook, DispatchHooks
 from .ids import new_job_id
 from .job import Job, check_keep_result, check_timeout
 from .payload import encode
@@ -78,6 +79,7 @@ class StoreQueue:
         self._store = store
         self._registry = Registry()
         self._dead_letters = DeadLetterHandlers()
+        self._dispatch_hooks = DispatchHooks()
         self._pool = WorkerPool(
             store,
             self._registry,
@@ -102,6 +104,7 @@ class StoreQueue:
         self._pool.share_jobs_of(other._pool)
         self._registry = other._registry
         self._dead_letters = other._dead_letters
+        self._dispatch_hooks = other._dispatch_hooks
 
     def register(self, job_cls: J) -> J:
         """Make ``job_cls`` runnable by this queue; usable as a class decorator."""
@@ -210,10 +213,16 @@ class StoreQueue:
 
     def _checked(self, job: Job, delay: Delay, run_at: datetime.datetime | None) -> tuple[Envelope, float]:
         """The job's envelope and delay in seconds, or ``QueueError`` naming the job."""
-        envelope = new_envelope(self._registry, job)
+        envelope = self._new_envelope(job)
         seconds = delay_seconds(envelope.name, delay, run_at)
         self._check_envelope(envelope)
         return envelope, seconds
+
+    def _new_envelope(self, job: Job) -> Envelope:
+        """``job`` checked and wrapped, inside the dispatch hooks (where the caller's context is copied)."""
+        if not self._dispatch_hooks:
+            return new_envelope(self._registry, job)
+        return self._dispatch_hooks.around(job, lambda: new_envelope(self._registry, job))
 
     def _check_envelope(self, envelope: Envelope) -> None:
         """What a backend refuses beyond the common checks; nothing here."""
@@ -296,6 +305,18 @@ class StoreQueue:
         once. Call it from another thread than the one in ``shutdown()``.
         """
         self._pool.end_grace()
+
+    def around_dispatch(self, hook: DispatchHook) -> DispatchHook:
+        """Enter ``hook(job)`` (a context manager) around each dispatch of this queue; usable as a decorator.
+
+        It is entered while the job is checked and the caller's context
+        copied: a context variable it sets travels with the job (on a
+        database, when the queue carries that variable). Raising ``QueueError``
+        refuses the dispatch, and nothing is enqueued; any other error of a
+        hook is logged and the job goes out without it.
+        """
+        self._dispatch_hooks.add(hook)
+        return hook
 
     def wrap_runs(self, wrapper: RunWrapper) -> None:
         """Enter ``wrapper()`` (a context manager) around every run, in the worker thread.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -373,3 +374,39 @@ def test_the_worker_commands_options_override_the_apps_config(tmp_path: Path) ->
     [configured] = state(app).worker_queues(None, None, None)
     assert (queue.timeout, queue.keep_result) == (5.0, 0.0)
     assert (configured.timeout, configured.keep_result) == (45.0, 60.0)
+
+
+def test_hooks_on_the_extension_reach_every_apps_queues_inside_their_app_context(tmp_path: Path) -> None:
+    extension = SyncJobs()
+    extension.register(Greet)
+    tagged: list[str] = []
+    reports: list[tuple[str, syncjobs.Outcome, str]] = []
+
+    @extension.around_dispatch
+    def tag(job: syncjobs.Job) -> Any:
+        tagged.append(job.NAME)
+        return contextlib.nullcontext()
+
+    @extension.observe_runs
+    def observe(report: syncjobs.RunReport) -> None:
+        reports.append((report.name, report.outcome, current_app.name))
+
+    apps = [Flask(name) for name in ("one", "two")]
+    for app in apps:
+        app.config.update(SYNCJOBS_EMBEDDED=True, GREETING="hi")
+        extension.init_app(app)
+    out = tmp_path / "seen.jsonl"
+    try:
+        for app in apps:
+            with app.app_context():
+                extension.dispatch(Greet(out=str(out)))
+        for app in apps:
+            assert state(app).queue().join(WAIT)
+    finally:
+        for app in apps:
+            state(app).shutdown()
+    assert tagged == ["flaskapp.greet", "flaskapp.greet"]
+    assert sorted(reports) == [
+        ("flaskapp.greet", syncjobs.Outcome.DONE, "one"),
+        ("flaskapp.greet", syncjobs.Outcome.DONE, "two"),
+    ]

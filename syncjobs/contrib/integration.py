@@ -23,25 +23,27 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from ..dead_letters import DeadLetterCallback
-from ..envelope import DeadLetter
 from ..exit_hooks import before_threads_join
+from ..hooks import DispatchHook
 from ..job import Job
 from ..queue import StoreQueue, shutdown_in_turn
-from ..worker import RunWrapper, log_run
+from ..worker import RunObserver, RunWrapper, log_run
 
 logger = logging.getLogger("syncjobs")
+A = TypeVar("A")
 
 
 class JobSetup:
-    """What every queue of an integration runs: job classes, inside run wrappers, with dead-letter callbacks."""
+    """What every queue of an integration gets: job classes, run wrappers, dispatch hooks, observers, callbacks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._job_classes: list[type[Job]] = []
-        self._wrappers: list[RunWrapper] = []
-        self._callbacks: list[DeadLetterCallback] = []
+        #: What each registration does to a queue (given what its runs happen inside), in the order made.
+        self._steps: list[Callable[[StoreQueue, RunWrapper], object]] = []
         #: Each queue applied to, with what its runs and callbacks happen inside.
         self._queues: weakref.WeakKeyDictionary[StoreQueue, RunWrapper] = weakref.WeakKeyDictionary()
 
@@ -50,50 +52,56 @@ class JobSetup:
             if job_cls in self._job_classes:
                 return
             self._job_classes.append(job_cls)
-            queues = list(self._queues)
-        for queue in queues:
-            queue.register(job_cls)
+        self._add(lambda queue, _: queue.register(job_cls))
 
     def wrap_runs(self, wrapper: RunWrapper) -> None:
-        with self._lock:
-            self._wrappers.append(wrapper)
-            queues = list(self._queues)
-        for queue in queues:
-            queue.wrap_runs(wrapper)
+        self._add(lambda queue, _: queue.wrap_runs(wrapper))
+
+    def around_dispatch(self, hook: DispatchHook) -> None:
+        if not callable(hook):
+            raise TypeError(f"around_dispatch() takes a callable returning a context manager, got {hook!r}")
+        self._add(lambda queue, _: queue.around_dispatch(hook))
+
+    def observe_runs(self, observer: RunObserver) -> None:
+        if not callable(observer):
+            raise TypeError(f"observe_runs() takes a callable, got {observer!r}")
+        self._add(lambda queue, around: queue.observe_runs(_inside(around, observer)))
 
     def on_dead_letter(self, callback: DeadLetterCallback) -> None:
         if not callable(callback):
             raise TypeError(f"on_dead_letter() takes a callable, got {callback!r}")
+        self._add(lambda queue, around: queue.on_dead_letter(_inside(around, callback)))
+
+    def _add(self, step: Callable[[StoreQueue, RunWrapper], object]) -> None:
+        """Do ``step`` to every queue applied to so far, and to each applied to from now on."""
         with self._lock:
-            self._callbacks.append(callback)
+            self._steps.append(step)
             queues = list(self._queues.items())
         for queue, around in queues:
-            queue.on_dead_letter(_inside(around, callback))
+            step(queue, around)
 
     def apply(self, queue: StoreQueue, around: RunWrapper) -> StoreQueue:
         """Give ``queue`` everything registered so far, and what is registered from now on.
 
-        Its runs and dead-letter callbacks happen inside ``around()`` (a Flask
-        app context, Django's connection housekeeping), the outermost wrapper.
+        Its runs, observers and dead-letter callbacks happen inside ``around()``
+        (a Flask app context, Django's connection housekeeping), the outermost wrapper.
         """
+        queue.wrap_runs(around)
         with self._lock:
             self._queues[queue] = around
-            job_classes, wrappers, callbacks = list(self._job_classes), list(self._wrappers), list(self._callbacks)
-        for job_cls in job_classes:
-            queue.register(job_cls)
-        queue.wrap_runs(around)
-        for wrapper in wrappers:
-            queue.wrap_runs(wrapper)
-        for callback in callbacks:
-            queue.on_dead_letter(_inside(around, callback))
+            steps = list(self._steps)
+        for step in steps:
+            step(queue, around)
         return queue
 
 
-def _inside(around: RunWrapper, callback: DeadLetterCallback) -> DeadLetterCallback:
+def _inside(around: RunWrapper, callback: Callable[[A], object]) -> Callable[[A], object]:
+    """``callback``, called inside ``around()``: a dead-letter callback or a run observer on a worker thread."""
+
     @functools.wraps(callback)
-    def call(dead: DeadLetter) -> object:
+    def call(argument: A) -> object:
         with around():
-            return callback(dead)
+            return callback(argument)
 
     return call
 

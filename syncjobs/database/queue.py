@@ -15,7 +15,7 @@ from ..errors import QueueError
 from ..job import Job, check_keep_result
 from ..payload import dead_letter_from_text
 from ..protocols import Delay
-from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, new_envelope
+from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds
 from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
 from ..urls import mask_url
 from ..worker import DEFAULT_UNKNOWN_JOB_WAIT
@@ -248,7 +248,7 @@ class DatabaseJobQueue(StoreQueue):
             return [diverted.handle(each.id) for each in prepared]
         items: list[tuple[Envelope, float]] = []
         for job in jobs:
-            envelope = new_envelope(self._registry, job)
+            envelope = self._new_envelope(job)
             items.append((envelope, delay_seconds(envelope.name, delay, run_at)))
         if items and connection is not None:
             check_connection(self._dialect, connection, items[0][0].name)

@@ -21,17 +21,20 @@ from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, tran
 from ...database import DatabaseJobQueue
 from ...dead_letters import DeadLetterCallback
 from ...function_tasks import TaskDecorator
+from ...hooks import DispatchHook
 from ...job import Job
 from ...memory import InMemoryJobQueue
 from ...protocols import Delay
 from ...queue import StoreQueue
 from ...status import JobHandle
-from ...worker import RunWrapper
+from ...worker import RunObserver, RunWrapper
 from ..integration import JobSetup, ProcessQueues
 from . import conf
 
 J = TypeVar("J", bound=type[Job])
 C = TypeVar("C", bound=DeadLetterCallback)
+H = TypeVar("H", bound=DispatchHook)
+R = TypeVar("R", bound=RunObserver)
 
 _setup = JobSetup()
 
@@ -56,6 +59,26 @@ def on_dead_letter(callback: C) -> C:
 def wrap_runs(wrapper: RunWrapper) -> None:
     """Enter ``wrapper()`` (a context manager) around every run of the project's queues."""
     _setup.wrap_runs(wrapper)
+
+
+def around_dispatch(hook: H) -> H:
+    """Enter ``hook(job)`` (a context manager) around every dispatch to the project's queues; a decorator.
+
+    See ``StoreQueue.around_dispatch``: a context variable it sets travels
+    with the job, and raising ``QueueError`` refuses the dispatch.
+    """
+    _setup.around_dispatch(hook)
+    return hook
+
+
+def observe_runs(observer: R) -> R:
+    """Call ``observer(report)`` after every run of the project's queues (a ``RunReport``); a decorator.
+
+    On the worker's thread, between the connection housekeeping jobs get;
+    one that raises is logged and changes nothing.
+    """
+    _setup.observe_runs(observer)
+    return observer
 
 
 def get_queue(name: str | None = None) -> StoreQueue:

@@ -36,16 +36,19 @@ from flask import Flask, current_app
 
 from ...dead_letters import DeadLetterCallback
 from ...function_tasks import TaskDecorator
+from ...hooks import DispatchHook
 from ...job import Job
 from ...protocols import Delay
 from ...queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from ...settings import connect
 from ...status import DEFAULT_KEEP_RESULT, JobHandle
-from ...worker import RunWrapper
+from ...worker import RunObserver, RunWrapper
 from ..integration import JobSetup, ProcessQueues, log_through
 
 J = TypeVar("J", bound=type[Job])
 C = TypeVar("C", bound=DeadLetterCallback)
+H = TypeVar("H", bound=DispatchHook)
+R = TypeVar("R", bound=RunObserver)
 
 logger = logging.getLogger("syncjobs")
 
@@ -97,6 +100,23 @@ class SyncJobs:
     def wrap_runs(self, wrapper: RunWrapper) -> None:
         """Enter ``wrapper()`` (a context manager) around every run, inside the app context."""
         self._setup.wrap_runs(wrapper)
+
+    def around_dispatch(self, hook: H) -> H:
+        """Enter ``hook(job)`` (a context manager) around every dispatch to any app's queues; a decorator.
+
+        See ``StoreQueue.around_dispatch``: a context variable it sets travels
+        with the job, and raising ``QueueError`` refuses the dispatch.
+        """
+        self._setup.around_dispatch(hook)
+        return hook
+
+    def observe_runs(self, observer: R) -> R:
+        """Call ``observer(report)`` after every run of any app's queues (a ``RunReport``), in its app context.
+
+        On the worker's thread; one that raises is logged and changes nothing.
+        """
+        self._setup.observe_runs(observer)
+        return observer
 
     @property
     def task(self) -> TaskDecorator:

@@ -1,0 +1,73 @@
+"""Hooks entered around each dispatch: where what a job carries is added to, or a dispatch refused.
+
+A hook is ``hook(job)`` returning a context manager (``contextlib.contextmanager``
+makes one). Each is entered while the job is checked and the caller's context
+copied, so a context variable it sets travels with the job (in memory; on a
+database, when the queue ``carry``-s that variable). Raising ``QueueError``
+refuses the dispatch; any other error of a hook is logged and the job goes
+out without it: a hook's bug never loses a job.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import TypeVar
+
+from .errors import QueueError
+from .job import Job
+
+logger = logging.getLogger("syncjobs")
+
+DispatchHook = Callable[[Job], AbstractContextManager[object]]
+T = TypeVar("T")
+
+
+class DispatchHooks:
+    """The hooks of a queue (shared by its twins), entered in the order added, left in reverse."""
+
+    def __init__(self) -> None:
+        self._hooks: list[DispatchHook] = []
+
+    def add(self, hook: DispatchHook) -> None:
+        if not callable(hook):
+            raise TypeError(f"around_dispatch() takes a callable returning a context manager, got {hook!r}")
+        self._hooks.append(hook)
+
+    def __bool__(self) -> bool:
+        return bool(self._hooks)
+
+    def around(self, job: Job, make: Callable[[], T]) -> T:
+        """``make()`` inside every hook for ``job``: what it returns, or what it (or a hook's veto) raises."""
+        entered: list[tuple[DispatchHook, AbstractContextManager[object]]] = []
+        try:
+            for hook in list(self._hooks):
+                try:
+                    manager = hook(job)
+                    manager.__enter__()
+                except QueueError:
+                    raise
+                except Exception:
+                    logger.exception("dispatch hook %r failed on entry; %s goes out without it", hook, _named(job))
+                    continue
+                entered.append((hook, manager))
+            made = make()
+        except BaseException:
+            _leave(entered, job, *sys.exc_info())
+            raise
+        _leave(entered, job, None, None, None)
+        return made
+
+
+def _leave(entered: list[tuple[DispatchHook, AbstractContextManager[object]]], job: Job, *exc_info: object) -> None:
+    for hook, manager in reversed(entered):
+        try:
+            manager.__exit__(*exc_info)  # type: ignore[arg-type]  # what sys.exc_info() gave
+        except Exception:
+            logger.exception("dispatch hook %r failed on exit; %s was not affected", hook, _named(job))
+
+
+def _named(job: Job) -> str:
+    return f"job {getattr(type(job), 'NAME', type(job).__qualname__)!r}"
