@@ -227,13 +227,18 @@ class StoreQueue:
     def _check_envelope(self, envelope: Envelope) -> None:
         """What a backend refuses beyond the common checks; nothing here."""
 
-    def start(self) -> None:
-        """Spawn the workers; a no-op while they run, a fresh set after ``shutdown()``."""
+    def start(self, *, hold: threading.Event | None = None) -> None:
+        """Spawn the workers; a no-op while they run, a fresh set after ``shutdown()``.
+
+        With ``hold``, they take no job until it is set (or ``shutdown()``
+        sets it): what the worker commands use to print their readiness line
+        before any job runs.
+        """
         with self._lifecycle:
             if not self._pool.started:
                 try:
                     self._store.open()
-                    self._pool.start()
+                    self._pool.start(hold)
                 except BaseException:
                     # Some threads may have started, and a worker taken a job,
                     # before one could not (no thread may start once the

@@ -182,6 +182,8 @@ class _Generation:
     workers: list[tuple[_Slot, concurrent.futures.Future[None]]] = dataclasses.field(default_factory=list)
     #: Spare workers that could not start (out of threads): each worker tries again after its runs.
     spares_owed: int = 0
+    #: Until it is set, the workers claim nothing (see ``WorkerPool.start``).
+    hold: threading.Event | None = None
 
 
 class RunLimit:
@@ -311,11 +313,12 @@ class WorkerPool:
         if wake is not None:
             wake.set()
 
-    def start(self) -> None:
+    def start(self, hold: threading.Event | None = None) -> None:
+        """Start the workers; with ``hold``, they claim nothing until it is set (shutdown sets it)."""
         if self._generation is not None:
             return
         self._grace_cut.clear()
-        generation = _Generation(threading.Event())
+        generation = _Generation(threading.Event(), hold=hold)
         # Under the lock: a run that times out at once adds its spare only
         # once every worker is listed, and a shutdown finds them all.
         with self._lock:
@@ -349,6 +352,8 @@ class WorkerPool:
             self._generation = None
             # No worker is added once stopping is set (see _timed_out).
             workers = list(generation.workers)
+        if generation.hold is not None:
+            generation.hold.set()  # held workers go on, to see that they are stopping
         self._store.wake(len(workers))
         # One deadline shared by all workers, not grace per worker.
         self._wait_for_workers(workers, deadline)
@@ -453,6 +458,8 @@ class WorkerPool:
         slot.thread = threading.current_thread()
         store = self._store
         stopping = generation.stopping
+        if generation.hold is not None:
+            generation.hold.wait()
         while not stopping.is_set():
             envelope = store.claim(stopping)
             if envelope is None:

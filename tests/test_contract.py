@@ -692,6 +692,24 @@ def test_start_twice_is_a_no_op(make_queue: QueueFactory) -> None:
     queue.shutdown()
 
 
+def test_held_workers_take_no_job_until_released_and_a_shutdown_releases_them(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    probe = Probe()
+    queue.start(hold=threading.Event())  # never set: only the shutdown releases them
+    queue.dispatch(ProbeJob(probe.id))
+    began = time.monotonic()
+    queue.shutdown(grace=5)
+    assert time.monotonic() - began < 5  # nothing ran, so nothing to wait for
+    assert probe.runs == []
+    assert queue.pending_count() == 1
+    released = threading.Event()
+    queue.start(hold=released)
+    released.set()
+    probe.wait_finished(1)
+    queue.shutdown()
+    assert [r["attempt"] for r in probe.runs] == [0]
+
+
 def test_start_after_shutdown_starts_a_fresh_set(make_queue: QueueFactory) -> None:
     queue = make_queue()
     probe = Probe()

@@ -6,6 +6,7 @@ import calendar
 import concurrent.futures
 import contextlib
 import gc
+import importlib
 import logging
 import os
 import shutil
@@ -13,10 +14,12 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 import traceback
 import tracemalloc
+import types
 import uuid
 import warnings
 from collections.abc import Callable, Iterator
@@ -182,6 +185,7 @@ def test_the_watchdog_keeps_nothing_of_operations_that_ended() -> None:
 def test_an_operation_armed_while_the_watchdog_stops_does_not_hold_up_the_stop() -> None:
     # A loop's last try arms (its end time already past) just as close() stops
     # the watchdog: the thread started for it must not keep the stopped one alive.
+    others = set(threading.enumerate())  # another test's queue may still have its own
     slow: list[float] = []
     for _ in range(100):
         watchdog = _Watchdog()
@@ -203,7 +207,10 @@ def test_an_operation_armed_while_the_watchdog_stops_does_not_hold_up_the_stop()
         if took > 0.5:
             slow.append(took)
     assert not slow, f"{len(slow)} of 100 stops waited for a watchdog thread: {slow[:5]}"
-    wait_until(lambda: not [t for t in threading.enumerate() if t.name == "syncjobs-watchdog"], what="no watchdog")
+    wait_until(
+        lambda: not [t for t in set(threading.enumerate()) - others if t.name == "syncjobs-watchdog"],
+        what="no watchdog of this test's",
+    )
 
 
 @pytest.mark.timeout(60)
@@ -605,3 +612,32 @@ def test_a_55_character_table_name_dispatches_and_is_picked_up(
             queue.shutdown(grace=0)
         for suffix in ("", "_schema", "_workers", "_done", "_finished", "_results"):
             query(server_url, f"DROP TABLE IF EXISTS {table}{suffix}")
+
+
+def test_mysql_errors_are_told_apart_where_pymysql_stands_in_for_mysqldb(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Django projects run ``pymysql.install_as_MySQLdb()``; Django's MySQL backend then imports
+    ``MySQLdb.converters``, which loads a second copy of ``pymysql/err.py`` and rebinds
+    ``pymysql.err`` to it, while PyMySQL's connections still raise the first copy's classes."""
+    pymysql = pytest.importorskip("pymysql")
+    from syncjobs.database.mysql import MYSQL
+
+    raised = sys.modules["pymysql.err"]  # what pymysql.connections raises from
+    for name in [name for name in sys.modules if name == "MySQLdb" or name.startswith("MySQLdb.")]:
+        monkeypatch.delitem(sys.modules, name)
+    for name, value in list(vars(pymysql).items()):  # its submodules, rebound below: put back after the test
+        if isinstance(value, types.ModuleType):
+            monkeypatch.setattr(pymysql, name, value)
+    monkeypatch.setitem(sys.modules, "MySQLdb", pymysql)  # what install_as_MySQLdb() does
+    try:
+        importlib.import_module("MySQLdb.converters")
+    finally:
+        for name in [name for name in sys.modules if name.startswith("MySQLdb.")]:
+            del sys.modules[name]  # the copies this loaded leave with the test (the monkeypatch puts back any earlier)
+    assert pymysql.err is not raised  # the second copy, as in a Django worker
+
+    lost = raised.OperationalError(2013, "Lost connection to MySQL server during query")
+    deadlock = raised.OperationalError(1213, "Deadlock found when trying to get lock")
+    assert MYSQL.is_connection_error(pymysql, lost)
+    assert not MYSQL.is_contention(pymysql, lost)
+    assert MYSQL.is_contention(pymysql, deadlock)
+    assert not MYSQL.is_connection_error(pymysql, deadlock)

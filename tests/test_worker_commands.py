@@ -5,6 +5,7 @@ as real processes: the same signals, the same grace, the same exit codes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import queue as stdqueue
@@ -296,14 +297,24 @@ def run_to_end(command: str, url: str, tmp_path: Path, *options: str) -> subproc
 def test_burst_says_it_is_ready_before_any_job_runs(command: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'jobs.db'}"
     ids = [dispatch(url, Sleepy(0)) for _ in range(3)]  # waiting when the worker starts
+    unknown = dispatch(url, Unknown())  # no worker command registers it: handed back, logged
     done = run_to_end(command, url, tmp_path, "--burst")
     assert done.returncode == 0, done.stdout
     lines = done.stdout.splitlines()
     [ready] = [i for i, line in enumerate(lines) if line.startswith("syncjobs worker ready: pid")]
     runs = [i for i, line in enumerate(lines) if "started sleepy" in line or re.search(r"run \d+ of \d+", line)]
     assert len(runs) == 6, done.stdout  # each job's own line, and its run line
-    assert ready < min(runs), done.stdout
+    [handed_back] = [i for i, line in enumerate(lines) if f"({unknown}): no job class is registered" in line]
+    assert ready < min(*runs, handed_back), done.stdout
     assert all(f"({job_id}) run 1 of 5" in done.stdout for job_id in ids)
+
+
+@dataclasses.dataclass
+class Unknown(syncjobs.Job):
+    NAME = "tests.known_to_no_worker"
+
+    def run(self) -> None:
+        raise AssertionError("no worker command has this class")
 
 
 def free_port() -> int:

@@ -145,6 +145,8 @@ def check_reachable(url: str, connect_args: Mapping[str, Any] | None = None, *, 
             logger.info("cannot reach %s yet (%s): trying again for up to %gs", where, error, wait)
 
     attempts = tenacity.Retrying(
+        # Only what waiting can mend: a database not up yet, not a wrong password.
+        retry=tenacity.retry_if_exception(connector.is_connection_error),
         stop=tenacity.stop_after_delay(wait),
         wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
         before_sleep=say_waiting,
@@ -152,6 +154,8 @@ def check_reachable(url: str, connect_args: Mapping[str, Any] | None = None, *, 
     )
     try:
         attempts(lambda: connector.connect().close())
+    except KeyboardInterrupt:
+        raise CommandError(f"interrupted while waiting for {where}") from None
     except Exception as exc:
         waited = f" (tried for {wait:g}s)" if wait else ""
         raise CommandError(f"cannot reach {where}{waited}: {redact(one_line(exc), url)}") from exc

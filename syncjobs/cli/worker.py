@@ -10,7 +10,6 @@ does the rest.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import queue as stdqueue
@@ -19,7 +18,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import TextIO
@@ -286,15 +285,31 @@ def _serve(
 ) -> None:
     """Start the workers (and what stops them) and print the readiness line.
 
-    No run begins before the line is out: a job's log lines (or its output)
-    never come before the line that says the worker takes work.
+    The workers take no job before the line is out: no job's output or log
+    line (a run, a hand-back, a dead letter) comes before the line that says
+    the worker takes work.
     """
     if max_jobs:
         _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
     ready = threading.Event()
     for queue in queues:
         queue.observe_runs(log_run)
-        queue.wrap_runs(lambda: _after(ready))
+    try:
+        _start_and_announce(queues, events, stopping, ready, burst=burst, out=out, on_ready=on_ready)
+    finally:
+        ready.set()  # once the line is out, or the start failed (and the shutdown set it already)
+
+
+def _start_and_announce(
+    queues: Sequence[StoreQueue],
+    events: stdqueue.SimpleQueue[_Event],
+    stopping: threading.Event,
+    ready: threading.Event,
+    *,
+    burst: bool,
+    out: TextIO,
+    on_ready: Callable[[StopRequest], None] | None,
+) -> None:
     _start(queues, ready)
     if burst:
         # Before the readiness line: once it is out, the caller may end the
@@ -304,27 +319,16 @@ def _serve(
                 target=_watch_drained, args=(queues, stopping, events), name="syncjobs-burst", daemon=True
             ).start()
         except RuntimeError as exc:
-            ready.set()  # runs claimed meanwhile end with the shutdown, as running ones do
             shutdown_in_turn(queues)
             raise CommandError(f"cannot start: {one_line(exc)}") from exc
     if on_ready is not None:
         try:
             on_ready(lambda reason, code: events.put(_Event("request", reason=reason, code=code)))
         except BaseException:
-            ready.set()
             shutdown_in_turn(queues)
             raise
-    try:
-        out.write(f"syncjobs worker ready: pid {os.getpid()}, {describe(queues)}\n")
-        out.flush()
-    finally:
-        ready.set()
-
-
-@contextlib.contextmanager
-def _after(ready: threading.Event) -> Iterator[None]:
-    ready.wait()
-    yield
+    out.write(f"syncjobs worker ready: pid {os.getpid()}, {describe(queues)}\n")
+    out.flush()
 
 
 def _check_databases(queues: Sequence[StoreQueue], wait: float) -> None:
@@ -387,13 +391,13 @@ def _stop_on_signals(
 
 
 def _start(queues: Sequence[StoreQueue], ready: threading.Event) -> None:
+    """Start every queue's workers, held until ``ready`` is set; CommandError, with none left running, if one fails."""
     started: list[StoreQueue] = []
     try:
         for queue in queues:
-            queue.start()
+            queue.start(hold=ready)
             started.append(queue)
     except Exception as exc:
-        ready.set()
         for queue in started:
             queue.shutdown(grace=0)
         raise CommandError(f"cannot start: {one_line(exc)}") from exc

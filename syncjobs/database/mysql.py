@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import SplitResult, parse_qs, unquote
@@ -45,12 +46,25 @@ def _abort_handles(conn: Any) -> AbortHandles:
     return socket_handles(conn, conn._sock.fileno())
 
 
+def _errors(driver: Any) -> Any:
+    """The driver's exception module, the one its connections raise from.
+
+    Not ``driver.err`` as such: where PyMySQL stands in for MySQLdb
+    (``pymysql.install_as_MySQLdb()``, as Django projects do), Django's MySQL
+    backend imports ``MySQLdb.converters``, which loads a second copy of
+    ``pymysql/err.py`` as ``MySQLdb.err`` and rebinds ``pymysql.err`` to it;
+    PyMySQL's connections still raise the first copy's classes.
+    """
+    return sys.modules.get(f"{driver.__name__}.err") or driver.err
+
+
 def _is_contention(driver: Any, exc: BaseException) -> bool:
-    return isinstance(exc, driver.err.OperationalError) and bool(exc.args) and exc.args[0] in _CONTENTION
+    return isinstance(exc, _errors(driver).OperationalError) and bool(exc.args) and exc.args[0] in _CONTENTION
 
 
 def _is_connection_error(driver: Any, exc: BaseException) -> bool:
-    return not _is_contention(driver, exc) and isinstance(exc, (driver.err.OperationalError, driver.err.InterfaceError))
+    errors = _errors(driver)
+    return not _is_contention(driver, exc) and isinstance(exc, (errors.OperationalError, errors.InterfaceError))
 
 
 MYSQL = Dialect(

@@ -289,11 +289,12 @@ RETRY_DEAD_ALL = (
 # Every row of one queue, whatever its state, in each table that has one: for a queue nobody serves any more.
 DELETE_QUEUE = "DELETE FROM {table}{suffix} WHERE queue = ?"
 
-# The dead letters that died at least ? seconds ago: what a purge deletes, and what it asks about first.
-# `syncjobs prune`: what the workers of each queue delete as they go, for every queue at once.
+# `syncjobs prune`: what the workers of each queue delete as they go (CANCELLED_PRUNE,
+# DONE_PRUNE), for every queue at once.
 PRUNE_CANCELLED = "DELETE FROM {table} WHERE state = 'cancelled' AND finished_at < {now_once} - ?"
 PRUNE_DONE_COUNTS = "DELETE FROM {table}_done WHERE bucket < ?"
 
+# The dead letters that died at least ? seconds ago: what a purge deletes, and what it asks about first.
 _DEAD_SINCE = "WHERE state = 'dead' AND finished_at <= {now_once} - ?{queue_filter}"
 PURGE_DEAD = "DELETE FROM {table} " + _DEAD_SINCE
 COUNT_DEAD = "SELECT COUNT(*) FROM {table} " + _DEAD_SINCE

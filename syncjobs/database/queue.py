@@ -6,6 +6,7 @@ import contextvars
 import datetime
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -204,10 +205,10 @@ class DatabaseJobQueue(StoreQueue):
 
     # -- the contract, plus the database's own -------------------------------
 
-    def start(self) -> None:
+    def start(self, *, hold: threading.Event | None = None) -> None:
         self._check_schema()
         self._db.prefetch = self._prefetch
-        super().start()
+        super().start(hold=hold)
 
     def stop_claiming(self) -> None:
         # Nor claim ahead: rows leased to workers that will not run them wait for no one.

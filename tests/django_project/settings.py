@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pymysql
 
@@ -53,8 +53,8 @@ def _server(url: str, engine: str, **test: str) -> dict[str, object]:
     return {
         "ENGINE": engine,
         "NAME": name,
-        "USER": parts.username or "",
-        "PASSWORD": parts.password or "",
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "127.0.0.1",
         "PORT": parts.port or "",
         "TEST": {"NAME": f"{name}_syncjobs_django", **test},

@@ -271,7 +271,7 @@ def test_each_command_has_its_own_help_with_the_settings_that_give_the_defaults(
     assert 'worker threads per queue (default: SYNCJOBS["WORKERS"], 4 unless set)' in " ".join(worker.split())
     assert "APP" not in worker  # the `syncjobs` command's positional: no such thing here
     ops_help = " ".join(django_help("syncjobs").split())
-    for command in ("migrate", "stats", "show", "cancel", "dead"):
+    for command in ("migrate", "stats", "show", "cancel", "dead", "prune"):
         assert re.search(rf"\b{command} [a-z]", ops_help), command
     stats = django_help("syncjobs", "stats")
     assert "--json" in stats
@@ -670,6 +670,13 @@ def test_a_mistake_in_the_settings_is_a_check_error_and_one_line_from_the_worker
     assert worker.returncode == 1
     assert worker.stderr.strip().splitlines() == [
         "CommandError: settings.SYNCJOBS has unknown key(s) 'DATABASES'; known: " + ", ".join(conf.KNOWN_KEYS)
+    ]
+    # The operators' command runs no system checks: the mistake is its one line.
+    stats = django("syncjobs", "stats")
+    assert stats.returncode == 1
+    assert stats.stderr.strip().splitlines() == [
+        "manage.py syncjobs stats: error: settings.SYNCJOBS has unknown key(s) 'DATABASES'; known: "
+        + ", ".join(conf.KNOWN_KEYS)
     ]
 
 

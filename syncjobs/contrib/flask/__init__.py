@@ -78,7 +78,7 @@ class SyncJobs:
             app.config.setdefault(key, value)
         state = AppQueues(app, self._setup)
         app.extensions["syncjobs"] = state
-        app.before_request(state.ensure_embedded)
+        app.before_request(state.before_request)
         from .cli import syncjobs_group  # noqa: PLC0415 - click is loaded only with an app
 
         app.cli.add_command(syncjobs_group)
@@ -185,6 +185,12 @@ class AppQueues:
         # A queue named only here runs in embedded mode too, or its jobs never would.
         self.ensure_embedded(name)
         return self._queues.get(name).dispatch(job, delay=delay, run_at=run_at)
+
+    def before_request(self) -> None:
+        """Embedded mode: a process that serves requests runs its workers, whatever was guessed at init_app."""
+        if self.forks_first == os.getpid():
+            self.forks_first = 0  # not a master that only forks workers, after all
+        self.ensure_embedded()
 
     def start(self) -> None:
         """Embedded mode: start this process's workers now, not at the first request; a no-op otherwise.

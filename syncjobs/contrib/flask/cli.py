@@ -16,6 +16,7 @@ from flask.cli import with_appcontext
 from ...cli import TABLE_COMMANDS, logs, run_command, table_commands_parser, worker
 from ...cli.target import CommandError, TableTarget, one_line
 from ...errors import QueueError
+from ...urls import redact
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
 
@@ -64,26 +65,28 @@ def worker_command(args: Sequence[str]) -> None:
     # This process is a worker now: a job's own dispatch must not start embedded workers too.
     state.embedded_allowed = False
     try:
-        queues = state.worker_queues(
-            options.queues,
-            options.workers,
-            options.grace,
-            timeout=options.timeout,
-            keep_result=options.keep_result,
-        )
-        code = worker.serve(
-            queues,
-            max_jobs=options.max_jobs,
-            burst=options.burst,
-            exit_if_stuck=True,
-            wait_for_db=options.wait_for_db,
-        )
-    except CommandError as exc:
-        _fail("worker", str(exc))
-    except QueueError as exc:  # a bad setting in the app's config
-        _fail("worker", str(exc))
-    except (ValueError, TypeError) as exc:
-        _fail("worker", one_line(exc))
+        try:
+            queues = state.worker_queues(
+                options.queues,
+                options.workers,
+                options.grace,
+                timeout=options.timeout,
+                keep_result=options.keep_result,
+            )
+        except QueueError as exc:  # a bad setting in the app's config
+            _fail("worker", redact(str(exc), state.url))
+        except (ValueError, TypeError) as exc:
+            _fail("worker", redact(one_line(exc), state.url))
+        try:
+            code = worker.serve(
+                queues,
+                max_jobs=options.max_jobs,
+                burst=options.burst,
+                exit_if_stuck=True,
+                wait_for_db=options.wait_for_db,
+            )
+        except CommandError as exc:
+            _fail("worker", redact(str(exc), state.url))
     finally:
         undo()
     sys.exit(code)
