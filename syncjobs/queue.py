@@ -227,18 +227,20 @@ class StoreQueue:
     def _check_envelope(self, envelope: Envelope) -> None:
         """What a backend refuses beyond the common checks; nothing here."""
 
-    def start(self, *, hold: threading.Event | None = None) -> None:
+    def start(self, *, held: bool = False) -> None:
         """Spawn the workers; a no-op while they run, a fresh set after ``shutdown()``.
 
-        With ``hold``, they take no job until it is set (or ``shutdown()``
-        sets it): what the worker commands use to print their readiness line
-        before any job runs.
+        ``held``, they take no job until :meth:`release` (or ``shutdown()``):
+        what the worker commands use to print their readiness line before
+        any job runs. Asking a running queue for held workers is an error.
         """
         with self._lifecycle:
+            if held and self._pool.started:
+                raise QueueError("start(held=True): this queue's workers run already")
             if not self._pool.started:
                 try:
                     self._store.open()
-                    self._pool.start(hold)
+                    self._pool.start(held=held)
                 except BaseException:
                     # Some threads may have started, and a worker taken a job,
                     # before one could not (no thread may start once the
@@ -250,6 +252,10 @@ class StoreQueue:
                         self._store.close()
                     raise
                 exit_watch.started(self)
+
+    def release(self) -> None:
+        """Let workers started ``held`` take jobs; a no-op otherwise."""
+        self._pool.release()
 
     def shutdown(self, grace: float | None = None) -> None:
         """Stop the workers within about ``grace`` seconds (default ``shutdown_grace``)."""

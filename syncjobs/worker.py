@@ -182,7 +182,7 @@ class _Generation:
     workers: list[tuple[_Slot, concurrent.futures.Future[None]]] = dataclasses.field(default_factory=list)
     #: Spare workers that could not start (out of threads): each worker tries again after its runs.
     spares_owed: int = 0
-    #: Until it is set, the workers claim nothing (see ``WorkerPool.start``).
+    #: Held workers claim nothing until it is set: by ``release()``, or by the shutdown.
     hold: threading.Event | None = None
 
 
@@ -313,12 +313,12 @@ class WorkerPool:
         if wake is not None:
             wake.set()
 
-    def start(self, hold: threading.Event | None = None) -> None:
-        """Start the workers; with ``hold``, they claim nothing until it is set (shutdown sets it)."""
+    def start(self, *, held: bool = False) -> None:
+        """Start the workers; ``held``, they claim nothing until :meth:`release` (or the shutdown)."""
         if self._generation is not None:
             return
         self._grace_cut.clear()
-        generation = _Generation(threading.Event(), hold=hold)
+        generation = _Generation(threading.Event(), hold=threading.Event() if held else None)
         # Under the lock: a run that times out at once adds its spare only
         # once every worker is listed, and a shutdown finds them all.
         with self._lock:
@@ -336,6 +336,12 @@ class WorkerPool:
         future = executor.submit(self._loop, generation, slot)
         generation.workers.append((slot, future))
         future.add_done_callback(_report_crash)
+
+    def release(self) -> None:
+        """Let workers started held take jobs; a no-op otherwise."""
+        generation = self._generation
+        if generation is not None and generation.hold is not None:
+            generation.hold.set()
 
     def settle_timers(self, timeout: float = 5.0) -> bool:
         """Wait until every run whose deadline the clock has passed is timed out (for tests that move the clock)."""

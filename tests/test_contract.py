@@ -695,16 +695,17 @@ def test_start_twice_is_a_no_op(make_queue: QueueFactory) -> None:
 def test_held_workers_take_no_job_until_released_and_a_shutdown_releases_them(make_queue: QueueFactory) -> None:
     queue = make_queue()
     probe = Probe()
-    queue.start(hold=threading.Event())  # never set: only the shutdown releases them
+    queue.start(held=True)  # never released: only the shutdown lets them go
     queue.dispatch(ProbeJob(probe.id))
     began = time.monotonic()
     queue.shutdown(grace=5)
     assert time.monotonic() - began < 5  # nothing ran, so nothing to wait for
     assert probe.runs == []
     assert queue.pending_count() == 1
-    released = threading.Event()
-    queue.start(hold=released)
-    released.set()
+    queue.start(held=True)
+    with pytest.raises(syncjobs.QueueError, match="workers run already"):
+        queue.start(held=True)
+    queue.release()
     probe.wait_finished(1)
     queue.shutdown()
     assert [r["attempt"] for r in probe.runs] == [0]

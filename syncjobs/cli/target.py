@@ -145,7 +145,8 @@ def check_reachable(url: str, connect_args: Mapping[str, Any] | None = None, *, 
             logger.info("cannot reach %s yet (%s): trying again for up to %gs", where, error, wait)
 
     attempts = tenacity.Retrying(
-        # Only what waiting can mend: a database not up yet, not a wrong password.
+        # A connection refused or lost, as from a database not up yet; not a bad URL. (Drivers
+        # raise a wrong password as the same OperationalError: it is tried again too.)
         retry=tenacity.retry_if_exception(connector.is_connection_error),
         stop=tenacity.stop_after_delay(wait),
         wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),

@@ -291,26 +291,9 @@ def _serve(
     """
     if max_jobs:
         _count_runs(queues, max_jobs, lambda: events.put(_Event("max-jobs")))
-    ready = threading.Event()
     for queue in queues:
         queue.observe_runs(log_run)
-    try:
-        _start_and_announce(queues, events, stopping, ready, burst=burst, out=out, on_ready=on_ready)
-    finally:
-        ready.set()  # once the line is out, or the start failed (and the shutdown set it already)
-
-
-def _start_and_announce(
-    queues: Sequence[StoreQueue],
-    events: stdqueue.SimpleQueue[_Event],
-    stopping: threading.Event,
-    ready: threading.Event,
-    *,
-    burst: bool,
-    out: TextIO,
-    on_ready: Callable[[StopRequest], None] | None,
-) -> None:
-    _start(queues, ready)
+    _start(queues)  # held: they take no job until the line is out
     if burst:
         # Before the readiness line: once it is out, the caller may end the
         # main thread, and then (Python 3.12+) no thread may start.
@@ -327,8 +310,14 @@ def _start_and_announce(
         except BaseException:
             shutdown_in_turn(queues)
             raise
-    out.write(f"syncjobs worker ready: pid {os.getpid()}, {describe(queues)}\n")
-    out.flush()
+    try:
+        out.write(f"syncjobs worker ready: pid {os.getpid()}, {describe(queues)}\n")
+        out.flush()
+    except BaseException:  # a closed pipe, say: no one hears that it takes work, so it takes none
+        shutdown_in_turn(queues)
+        raise
+    for queue in queues:
+        queue.release()
 
 
 def _check_databases(queues: Sequence[StoreQueue], wait: float) -> None:
@@ -390,12 +379,12 @@ def _stop_on_signals(
     return code
 
 
-def _start(queues: Sequence[StoreQueue], ready: threading.Event) -> None:
-    """Start every queue's workers, held until ``ready`` is set; CommandError, with none left running, if one fails."""
+def _start(queues: Sequence[StoreQueue]) -> None:
+    """Start every queue's workers, held; CommandError, with none left running, if one fails."""
     started: list[StoreQueue] = []
     try:
         for queue in queues:
-            queue.start(hold=ready)
+            queue.start(held=True)
             started.append(queue)
     except Exception as exc:
         for queue in started:

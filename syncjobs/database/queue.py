@@ -6,7 +6,6 @@ import contextvars
 import datetime
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -205,10 +204,15 @@ class DatabaseJobQueue(StoreQueue):
 
     # -- the contract, plus the database's own -------------------------------
 
-    def start(self, *, hold: threading.Event | None = None) -> None:
+    def start(self, *, held: bool = False) -> None:
         self._check_schema()
+        # Held workers want no row yet: none is claimed ahead for them until release().
+        self._db.prefetch = 0 if held else self._prefetch
+        super().start(held=held)
+
+    def release(self) -> None:
         self._db.prefetch = self._prefetch
-        super().start(hold=hold)
+        super().release()
 
     def stop_claiming(self) -> None:
         # Nor claim ahead: rows leased to workers that will not run them wait for no one.
