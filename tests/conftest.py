@@ -3,6 +3,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -154,6 +155,34 @@ def backend(request: pytest.FixtureRequest, database_urls: dict[str, str]) -> It
 @pytest.fixture
 def make_queue(backend: Backend) -> QueueFactory:
     return backend.make
+
+
+#: Held by the test marked ``heavy`` that runs on a server now, in any suite run on this machine.
+HEAVY_LOCK = os.path.join(tempfile.gettempdir(), f"syncjobs-tests-{os.getuid()}.heavy.lock")
+
+
+@pytest.fixture(autouse=True)
+def _heavy_tests_take_turns(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``heavy`` on PostgreSQL or MariaDB waits for any other on this machine, whatever suite runs it.
+
+    Its worker processes and their reconnections after faults hold many
+    sessions: two at once, from suites run side by side (as CI's lanes run),
+    can pass the server's ``max_connections`` (100 by default on PostgreSQL).
+    Set up before the test's other fixtures, so its processes start once the
+    turn is its.
+    """
+    callspec = getattr(request.node, "callspec", None)
+    on_a_server = callspec is not None and any(value in ("postgresql", "mysql") for value in callspec.params.values())
+    try:
+        import fcntl
+    except ImportError:  # Windows: no turns to take
+        fcntl = None  # type: ignore[assignment]
+    if request.node.get_closest_marker("heavy") is None or not on_a_server or fcntl is None:
+        yield
+        return
+    with open(HEAVY_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -304,6 +304,7 @@ def fault_run(server_url: str, proxy: FaultProxy) -> Iterator[FaultRun]:
         ledger.close()
 
 
+@pytest.mark.heavy
 @pytest.mark.timeout(600)
 def test_every_promise_holds_through_black_holes_and_cuts(fault_run: FaultRun) -> None:
     fault_run.run()
