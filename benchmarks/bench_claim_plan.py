@@ -21,12 +21,12 @@ from typing import Any
 
 import syncjobs
 from syncjobs.database import queries
-from syncjobs.database.claim_floor import FROM_START
 from syncjobs.database.dialect import Dialect
 from syncjobs.database.dialects import POSTGRES, Connector
 
 TABLE = "syncjobs_bench_plan"
-CLAIM = ("claimed", "owner", "token", 30.0, "default", FROM_START, 10)
+# A claim of 10 rows read from the start (every priority, in the claim index's order).
+CLAIM = ("claimed", "owner", "token", 30.0, "default", 10)
 
 
 def fill(connector: Connector, rows: int) -> None:

@@ -44,7 +44,6 @@ import bench_database as bench
 
 import syncjobs
 from syncjobs.database import queries
-from syncjobs.database.claim_floor import FROM_START
 from syncjobs.database.dialects import POSTGRES, Connector
 
 DRAIN_SAMPLE = 20_000
@@ -131,7 +130,7 @@ def claim_ms(connector: Connector, queue_name: str) -> float:
             conn.cursor(),
             POSTGRES.sql(queries.CLAIM_RETURNING, bench.TABLE),
             50,
-            ("running", "bench", "token", 60.0, queue_name, FROM_START, 10),
+            ("running", "bench", "token", 60.0, queue_name, 10),  # read from the start
         )
     finally:
         conn.close()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextvars
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
+
+from .job import DEFAULT_PRIORITY
 
 
 @dataclasses.dataclass(slots=True)
@@ -23,6 +25,16 @@ class Envelope:
     attempt: int = 0
     #: The caller's context at dispatch; each run enters a fresh copy of it.
     context: contextvars.Context = dataclasses.field(default_factory=contextvars.Context)
+    #: Of the jobs due, higher runs first. A class attribute here: only a
+    #: :class:`PrioritizedEnvelope` stores one (most jobs keep the default).
+    priority: ClassVar[int] = DEFAULT_PRIORITY
+
+
+@dataclasses.dataclass(slots=True)
+class PrioritizedEnvelope(Envelope):
+    """An envelope whose priority is not the default: its own slot shadows the class attribute."""
+
+    priority: int = DEFAULT_PRIORITY  # type: ignore[misc]
 
 
 @dataclasses.dataclass(slots=True)

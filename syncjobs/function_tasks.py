@@ -18,7 +18,7 @@ from tenacity.wait import wait_base
 from typing_extensions import ParamSpec, Self
 
 from .errors import QueueError
-from .job import DEFAULT_MAX_ATTEMPTS, Job
+from .job import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Job, check_priority
 from .payload import describe_arguments
 from .retry import retry_backoff, wait_seconds
 from .status import JobHandle
@@ -154,7 +154,7 @@ class Decorate(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class TaskDecorator:
-    """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, retry_wait=…, timeout=…, keep_result=…)``.
+    """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, retry_wait=…, timeout=…, keep_result=…, priority=…)``.
 
     On a queue or an integration.
 
@@ -184,6 +184,7 @@ class TaskDecorator:
         retry_wait: RetryWait | None = None,
         timeout: float | None = None,
         keep_result: float | None = None,
+        priority: int = DEFAULT_PRIORITY,
         **options: Any,
     ) -> Decorate: ...
 
@@ -197,9 +198,12 @@ class TaskDecorator:
         retry_wait: RetryWait | None = None,
         timeout: float | None = None,
         keep_result: float | None = None,
+        priority: int = DEFAULT_PRIORITY,
         **options: Any,
     ) -> Task[..., Any] | Decorate:
-        shown = frozenset({"name", "max_attempts", "retry_wait", "timeout", "keep_result", *self.task_options})
+        shown = frozenset(
+            {"name", "max_attempts", "retry_wait", "timeout", "keep_result", "priority", *self.task_options}
+        )
         _refuse_unknown(options, self.task_options, "task() got unexpected argument(s)", shown)
         if retry_wait is not None and not callable(retry_wait):  # a tenacity wait is callable too
             raise TypeError(
@@ -207,7 +211,10 @@ class TaskDecorator:
             )
 
         def decorate(function: Callable[P, R]) -> Task[P, R]:
-            job_class = _job_class(function, name, max_attempts, retry_wait, timeout=timeout, keep_result=keep_result)
+            check_priority(priority, f"task {name if name is not None else _path(function)}: priority")
+            job_class = _job_class(
+                function, name, max_attempts, retry_wait, timeout=timeout, keep_result=keep_result, priority=priority
+            )
             self.register(job_class)
             return Task(function, job_class, self.send, options, self.dispatch_options)
 
@@ -224,6 +231,7 @@ def _job_class(
     *,
     timeout: float | None,
     keep_result: float | None,
+    priority: int,
 ) -> type[FunctionJob]:
     if not inspect.isfunction(function):
         raise TypeError(f"task() takes a plain function, got {function!r}")
@@ -240,6 +248,7 @@ def _job_class(
         "RETRY_WAIT": retry_wait,
         "TIMEOUT": timeout,
         "KEEP_RESULT": keep_result,
+        "PRIORITY": priority,
         "FUNCTION": staticmethod(function),
         "__module__": function.__module__,
         "__qualname__": function.__qualname__,

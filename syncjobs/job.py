@@ -11,6 +11,8 @@ from typing_extensions import Self
 from .retry import retry_backoff
 
 DEFAULT_MAX_ATTEMPTS = 5
+#: Priorities run from -100 to 100, higher first (Django's Tasks range and meaning); 0 is the default.
+MIN_PRIORITY, MAX_PRIORITY, DEFAULT_PRIORITY = -100, 100, 0
 #: The longest NAME: the size of the jobs table's ``name`` column.
 MAX_NAME_LENGTH = 200
 
@@ -32,6 +34,8 @@ class Job:
     TIMEOUT: ClassVar[float | None] = None
     #: Seconds the finished job's record (state and result) is kept for ``status()``; None: the queue's default.
     KEEP_RESULT: ClassVar[float | None] = None
+    #: An int from -100 to 100: of the jobs due, those of higher priority run first.
+    PRIORITY: ClassVar[int] = DEFAULT_PRIORITY
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -44,6 +48,8 @@ class Job:
             check_max_attempts(cls)
         if "TIMEOUT" in cls.__dict__:
             check_timeout(cls.TIMEOUT, f"job class {cls.__qualname__}: TIMEOUT")
+        if "PRIORITY" in cls.__dict__:
+            check_priority(cls.PRIORITY, f"job class {cls.__qualname__}: PRIORITY")
         if "KEEP_RESULT" in cls.__dict__ and cls.KEEP_RESULT is not None:
             cls.KEEP_RESULT = check_keep_result(cls.KEEP_RESULT, f"job class {cls.__qualname__}: KEEP_RESULT")
 
@@ -131,6 +137,15 @@ def check_max_attempts(cls: type) -> int:
             f"job class {cls.__qualname__}: MAX_ATTEMPTS must be an int >= 1 (total runs), got {attempts!r}"
         )
     return attempts
+
+
+def check_priority(value: object, what: str) -> int:
+    """``value`` as a priority; ``TypeError`` naming ``what`` unless it is an int from -100 to 100."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise TypeError(
+            f"{what} must be an int from {MIN_PRIORITY} to {MAX_PRIORITY} (higher runs first), got {value!r}"
+        )
+    return value
 
 
 def check_timeout(value: object, what: str) -> float | None:

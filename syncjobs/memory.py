@@ -1,7 +1,7 @@
 """The in-memory backend: one process, nothing persisted.
 
-Ready envelopes wait in one ``queue.SimpleQueue`` that every worker blocks
-on; retries and delayed jobs wait in a :class:`~syncjobs.timers.TimerHeap`
+Ready envelopes wait in one :class:`~syncjobs.ready.ReadyQueue` that every
+worker blocks on; retries and delayed jobs wait in a :class:`~syncjobs.timers.TimerHeap`
 that moves them to the ready queue when due.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -18,17 +17,11 @@ from typing import NamedTuple
 from .envelope import Envelope
 from .ids import created_at
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
+from .ready import ReadyQueue
 from .status import DEFAULT_KEEP_RESULT, JobStatus, Progress, State, decode_result, utc
 from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
-
-
-class _Wake:
-    """Put on the ready queue to wake one blocked worker (it is never a job)."""
-
-
-_WAKE = _Wake()
 
 
 class _Record(NamedTuple):
@@ -45,6 +38,7 @@ class _Record(NamedTuple):
     expires: float
     progress: str | None
     payload: str
+    priority: int
 
 
 #: The most finished jobs' records an in-memory queue keeps: beyond it, those
@@ -76,9 +70,7 @@ class MemoryStore:
         self._clock = clock
         #: Seconds a dead job's record is kept (a done job's keep comes with it).
         self.keep_dead = keep_dead
-        # SimpleQueue (C, lock-free for the GIL) rather than Queue: the loop
-        # needs only put and a blocking get, and this is the hot path.
-        self._ready: queue.SimpleQueue[Envelope | _Wake] = queue.SimpleQueue()
+        self._ready = ReadyQueue()
         self.timers: TimerHeap[Envelope] = TimerHeap(self._ready.put, clock=clock)
         # Unfinished jobs by id: what pending() counts and status() finds.
         # A dict's set and pop are atomic, so neither the dispatcher nor a
@@ -111,15 +103,15 @@ class MemoryStore:
     def claim(self, stopping: threading.Event) -> Envelope | None:
         item = self._ready.get()
         # A stale wake-up from an earlier shutdown is harmless: the loop asks again.
-        if item is _WAKE:
+        if item is None:
             return None
         now = time.time()
-        job_id = item.id  # type: ignore[union-attr]
+        job_id = item.id
         if self._started.setdefault(job_id, now) is not now:
             # cancel() ended it while it waited: it does not run; the loop asks again.
             self._started.pop(job_id, None)
             return None
-        return item  # type: ignore[return-value]
+        return item
 
     def complete(self, envelope: Envelope, result: str | None, keep: float, progress: str | None = None) -> None:
         if keep > 0:
@@ -184,7 +176,7 @@ class MemoryStore:
 
     def wake(self, count: int) -> None:
         for _ in range(count):
-            self._ready.put(_WAKE)
+            self._ready.wake()
 
     def status(self, job_id: str) -> JobStatus | None:
         # Read in the order a job moves: its record is written before it
@@ -206,6 +198,7 @@ class MemoryStore:
                 envelope.max_attempts,
                 created_at=utc(created_at(job_id)),
                 payload=decode_result(envelope.payload),
+                priority=envelope.priority,
             )
         if started is not None:
             state: State = "running"
@@ -223,6 +216,7 @@ class MemoryStore:
             run_at=utc(run_at),
             progress=self._progress.get(job_id) if started is not None else None,
             payload=decode_result(envelope.payload),
+            priority=envelope.priority,
         )
 
     def _finished_status(self, job_id: str) -> JobStatus | None:
@@ -242,6 +236,7 @@ class MemoryStore:
             finished_at=utc(record.finished),
             progress=Progress.from_json(record.progress),
             payload=decode_result(record.payload),
+            priority=record.priority,
         )
 
     def _due(self, envelope: Envelope) -> float | None:
@@ -280,6 +275,7 @@ class MemoryStore:
                 expires,
                 progress if progress is not None else _json(self._progress.get(envelope.id)),
                 envelope.payload,
+                envelope.priority,
             ),
         )
         heapq.heappush(self._expiry, (expires, envelope.id))

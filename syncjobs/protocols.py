@@ -63,7 +63,14 @@ class JobQueue(Protocol):
     @property
     def task(self) -> TaskDecorator: ...
 
-    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> JobHandle: ...
+    def dispatch(
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+    ) -> JobHandle: ...
 
     def status(self, job_id: str) -> JobStatus | None: ...
 

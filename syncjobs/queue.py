@@ -16,13 +16,13 @@ from typing_extensions import Self
 
 from .context import carried_context
 from .dead_letters import DeadLetterHandlers
-from .envelope import Envelope
+from .envelope import Envelope, PrioritizedEnvelope
 from .errors import QueueError
 from .exit_hooks import exit_watch
 from .function_tasks import TaskDecorator
 from .hooks import DispatchHook, DispatchHooks
 from .ids import new_job_id
-from .job import Job, check_keep_result, check_timeout
+from .job import DEFAULT_PRIORITY, Job, check_keep_result, check_priority, check_timeout
 from .payload import encode
 from .protocols import C, Delay, J, QueueStore
 from .registry import JobFinder, Registry
@@ -55,7 +55,7 @@ class StoreQueue:
     #: than possibly another's (a database, where the holder's heartbeat tells it).
     cancels_only_here: ClassVar[bool] = True
     #: The keyword arguments ``dispatch()`` takes after the job (what a task's ``using()`` takes).
-    dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at"})
+    dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "priority"})
 
     def __init__(
         self,
@@ -135,15 +135,23 @@ class StoreQueue:
         """
         return TaskDecorator(self.register, self.dispatch, self.dispatch_options)
 
-    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> JobHandle:
+    def dispatch(
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+    ) -> JobHandle:
         """Enqueue ``job``; returns its handle, which is its id. Nothing is enqueued when it raises ``QueueError``.
 
         ``delay`` (seconds or a ``timedelta``) or ``run_at`` (an aware
-        ``datetime``) holds it back.
+        ``datetime``) holds it back. ``priority`` (-100 to 100, higher first;
+        default the class's ``PRIORITY``) orders it among the jobs due.
         """
         if self._diverted_to is not None:
-            return self._diverted_to.dispatch(job, delay=delay, run_at=run_at)
-        envelope, seconds = self._checked(job, delay, run_at)
+            return self._diverted_to.dispatch(job, delay=delay, run_at=run_at, priority=priority)
+        envelope, seconds = self._checked(job, delay, run_at, priority)
         self._store.put(envelope, seconds)
         return self._handle_type(envelope.id)
 
@@ -201,28 +209,37 @@ class StoreQueue:
         """Seconds a finished job's record is kept, for jobs without a ``KEEP_RESULT`` of their own."""
         return self._pool.keep_result
 
-    def prepare(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> Prepared:
+    def prepare(
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+    ) -> Prepared:
         """Check ``job`` now and give it its id; ``submit()`` enqueues it later (say, on commit).
 
         Every check ``dispatch()`` makes happens here, where the mistake is.
         """
         if self._diverted_to is not None:
-            return self._diverted_to.prepare(job, delay=delay, run_at=run_at)
-        envelope, seconds = self._checked(job, delay, run_at)
+            return self._diverted_to.prepare(job, delay=delay, run_at=run_at, priority=priority)
+        envelope, seconds = self._checked(job, delay, run_at, priority)
         return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds))
 
-    def _checked(self, job: Job, delay: Delay, run_at: datetime.datetime | None) -> tuple[Envelope, float]:
+    def _checked(
+        self, job: Job, delay: Delay, run_at: datetime.datetime | None, priority: int | None
+    ) -> tuple[Envelope, float]:
         """The job's envelope and delay in seconds, or ``QueueError`` naming the job."""
-        envelope = self._new_envelope(job)
+        envelope = self._new_envelope(job, priority)
         seconds = delay_seconds(envelope.name, delay, run_at)
         self._check_envelope(envelope)
         return envelope, seconds
 
-    def _new_envelope(self, job: Job) -> Envelope:
+    def _new_envelope(self, job: Job, priority: int | None = None) -> Envelope:
         """``job`` checked and wrapped, inside the dispatch hooks (where the caller's context is copied)."""
         if not self._dispatch_hooks:
-            return new_envelope(self._registry, job)
-        return self._dispatch_hooks.around(job, lambda: new_envelope(self._registry, job))
+            return new_envelope(self._registry, job, priority)
+        return self._dispatch_hooks.around(job, lambda: new_envelope(self._registry, job, priority))
 
     def _check_envelope(self, envelope: Envelope) -> None:
         """What a backend refuses beyond the common checks; nothing here."""
@@ -405,10 +422,21 @@ def _check_grace(value: float, what: str) -> float:
     return float(value)
 
 
-def new_envelope(registry: Registry, job: Job) -> Envelope:
+def new_envelope(registry: Registry, job: Job, priority: int | None = None) -> Envelope:
     """Check ``job`` and wrap it for a store; ``QueueError`` naming the job if it cannot be dispatched."""
     job_cls = registry.check_dispatchable(job)
-    return Envelope(new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context())
+    if priority is None:
+        priority = job_cls.PRIORITY
+    else:
+        try:
+            check_priority(priority, "priority")
+        except TypeError as exc:
+            raise QueueError(f"job {job_cls.NAME!r}: {exc}") from None
+    if priority == DEFAULT_PRIORITY:
+        return Envelope(new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context())
+    return PrioritizedEnvelope(
+        new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context(), priority
+    )
 
 
 def delay_seconds(name: str, delay: Delay, run_at: datetime.datetime | None = None) -> float:

@@ -99,6 +99,8 @@ class JobStatus:
     #: What it was dispatched with (JSON-decoded): the job's payload, a task's arguments.
     #: None only for a done job recorded before schema version 5 kept it.
     payload: Any = None
+    #: Of the jobs due, higher runs first (-100 to 100; 0 for a done job recorded before schema version 6).
+    priority: int = 0
 
     @property
     def finished(self) -> bool:

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from .function_tasks import Task
-from .job import Job
+from .job import DEFAULT_PRIORITY, Job
 from .memory import InMemoryJobQueue
 from .payload import decode, encode
 from .protocols import Delay
@@ -65,12 +65,13 @@ class FakeClock:
 
 
 class Dispatched(NamedTuple):
-    """One job as it was dispatched: its id, name, JSON payload (decoded) and delay in seconds."""
+    """One job as it was dispatched: its id, name, JSON payload (decoded), delay in seconds and priority."""
 
     id: str
     name: str
     payload: dict[str, Any]
     delay: float
+    priority: int = DEFAULT_PRIORITY
 
 
 class TestQueue(InMemoryJobQueue):
@@ -118,10 +119,22 @@ class TestQueue(InMemoryJobQueue):
     def __enter__(self) -> TestQueue:  # unlike a queue's, entering does not start the workers
         return self
 
-    def prepare(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> Prepared:
-        prepared = super().prepare(job, delay=delay, run_at=run_at)  # checked: the payload is JSON
+    def prepare(
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+    ) -> Prepared:
+        # Checked: the payload is JSON, the priority in range.
+        prepared = super().prepare(job, delay=delay, run_at=run_at, priority=priority)
         record = Dispatched(
-            prepared.id, prepared.name, decode(encode(job)), delay_seconds(prepared.name, delay, run_at)
+            prepared.id,
+            prepared.name,
+            decode(encode(job)),
+            delay_seconds(prepared.name, delay, run_at),
+            type(job).PRIORITY if priority is None else priority,
         )
 
         def submit() -> None:
@@ -131,8 +144,15 @@ class TestQueue(InMemoryJobQueue):
 
         return Prepared(prepared.id, prepared.name, submit)
 
-    def dispatch(self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None) -> Any:
-        prepared = self.prepare(job, delay=delay, run_at=run_at)
+    def dispatch(
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+    ) -> Any:
+        prepared = self.prepare(job, delay=delay, run_at=run_at, priority=priority)
         prepared.submit()
         return self.handle(prepared.id)
 

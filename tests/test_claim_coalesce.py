@@ -24,7 +24,7 @@ class _CountingCursor:
 
     def execute(self, sql: str, params: Any = ()) -> Any:
         result = self._cursor.execute(sql, params)
-        if "ORDER BY run_at LIMIT" in sql and "UPDATE" in sql:  # a claim (UPDATE ... RETURNING)
+        if "run_at LIMIT" in sql and "UPDATE" in sql:  # a claim (UPDATE ... RETURNING), from the start or a floor
             self._claims.append(1)
         return result
 

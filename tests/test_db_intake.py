@@ -17,7 +17,7 @@ import syncjobs
 from syncjobs.database import queries
 from syncjobs.database.dialects import SQLITE, Connector, dialect_for
 from syncjobs.database.intake import Intake
-from syncjobs.database.schema import SCHEMA_VERSION, ddl
+from syncjobs.database.schema import SCHEMA_VERSION
 from syncjobs.registry import Registry
 from tests.conftest import SERVER_URLS, TEST_TABLE, _reachable
 from tests.dbworker import KillerJob, Ledger, OnceLedgerJob
@@ -30,6 +30,7 @@ from tests.test_database import (
     execute,
     install_tables,
     make,
+    old_ddl,
     user_connection,
     wait_marked,
 )
@@ -338,10 +339,9 @@ def test_mysql_a_transactional_dispatch_is_picked_up_soon_after_its_commit(
 def test_a_populated_version_2_table_is_upgraded_in_place(db_url: str, queues: list[syncjobs.DatabaseJobQueue]) -> None:
     table = f"t_{uuid.uuid4().hex[:10]}"
     try:
-        # What version 2 created: everything but the tombstones.
-        for statement in ddl(dialect_for(db_url), table):
-            if f"{table}_finished" not in statement:
-                execute(db_url, statement)
+        # What version 2 created: everything but the tombstones and what came later.
+        for statement in old_ddl(db_url, table, 2):
+            execute(db_url, statement)
         execute(db_url, f"INSERT INTO {table}_schema (version) VALUES (2)")
         old = syncjobs.DatabaseJobQueue(db_url, table=table, auto_schema=False, workers=1, poll_interval=0.2)
         queues.append(old)
@@ -380,7 +380,7 @@ def test_a_dispatch_refused_by_a_lock_tries_its_plain_insert_again(tmp_path: Any
     intake = Intake(sql, SQLITE, lambda: "default", connector.is_contention)
     job = syncjobs.queue.new_envelope(_registry_of(ProbeJob), ProbeJob(Probe().id))
     insert = intake.operation(
-        [(job, 0.0)], [(job.id, "default", job.name, job.payload, None, job.max_attempts, 0.0)], own_transaction=True
+        [(job, 0.0)], [(job.id, "default", job.name, job.payload, None, job.max_attempts, 0, 0.0)], own_transaction=True
     )
     conn = sqlite3.connect(path, timeout=0, isolation_level=None)
     holder = sqlite3.connect(path, isolation_level=None)
@@ -458,7 +458,7 @@ def test_a_dispatch_tried_again_on_mysql_keeps_a_late_first_try_out_until_it_com
     sql = {name: dialect.sql(text, table) for name, text in vars(queries).items() if name.isupper()}
     intake = Intake(sql, dialect, lambda: "default", connector.is_contention)
     job = syncjobs.queue.new_envelope(_registry_of(ProbeJob), ProbeJob(Probe().id))
-    row = (job.id, "default", job.name, job.payload, None, job.max_attempts, 0.0)
+    row = (job.id, "default", job.name, job.payload, None, job.max_attempts, 0, 0.0)  # priority 0, no delay
     insert = intake.operation([(job, 0.0)], [row], own_transaction=True)
     store_conn, late = connector.connect(), connector.connect()
     try:

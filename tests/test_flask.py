@@ -106,6 +106,20 @@ def test_flask_syncjobs_worker_burst_runs_what_the_web_process_dispatched(
         state(app).shutdown()
 
 
+def test_a_priority_given_on_the_extension_reaches_the_apps_queue(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    app = create_app(SYNCJOBS_URL=url)
+    try:
+        with app.app_context():
+            low = jobs.dispatch(Greet(str(tmp_path / "a.jsonl")), priority=-5)
+            high = note.using(priority=7).dispatch(str(tmp_path / "b.jsonl"), text="hi")
+            with pytest.raises(syncjobs.QueueError, match=r"job 'flaskapp\.greet': priority must be an int"):
+                jobs.dispatch(Greet(str(tmp_path / "c.jsonl")), priority=500)
+        assert dict(execute(url, "SELECT id, priority FROM syncjobs_jobs")) == {str(low): -5, str(high): 7}
+    finally:
+        state(app).shutdown()
+
+
 def test_syncjobs_timeout_is_the_default_timeout_of_the_apps_queues(tmp_path: Path) -> None:
     app = create_app(SYNCJOBS_URL=f"sqlite:///{tmp_path / 'jobs.db'}", SYNCJOBS_TIMEOUT=45)
     try:

@@ -18,7 +18,8 @@ from ..status import JobStatus, Progress, State, decode_result, utc
 from . import queries
 from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
-from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT, SCHEMA_VERSION, add_columns, ddl, record_version
+from .fetcher import row_priority
+from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT, SCHEMA_VERSION, install, record_version
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,8 +154,18 @@ class TableAdmin:
             return None
 
     def ddl(self) -> list[str]:
-        """The statements :meth:`migrate` runs, for teams that run migrations themselves."""
-        return [*ddl(self._db.dialect, self.table), *record_version(self.table)]
+        """The statements :meth:`migrate` would run on this database now, for teams that run migrations themselves.
+
+        On a database without the tables, what creates them; on an older
+        version's, what upgrades it too.
+        """
+        planned: list[str] = []
+
+        def plan(cursor: Any) -> None:
+            install(self._db.dialect, self.table, cursor, run=planned.append)
+
+        self._db.run(plan, timeout=self.timeout)
+        return [*planned, *record_version(self.table)]
 
     def migrate(self) -> int | None:
         """Create or upgrade the tables; idempotent, safe from many processes at once.
@@ -168,10 +179,8 @@ class TableAdmin:
                 f"({SCHEMA_VERSION}): upgrade syncjobs"
             )
 
-        def install(cursor: Any) -> None:
-            for statement in ddl(self._db.dialect, self.table):
-                cursor.execute(statement)
-            add_columns(self._db.dialect, self.table, cursor)
+        def upgrade(cursor: Any) -> None:
+            install(self._db.dialect, self.table, cursor)
             cursor.execute(self._sql(queries.SCHEMA_VERSION))
             row = cursor.fetchone()
             if row is None or row[0] is None or int(row[0]) < SCHEMA_VERSION:
@@ -179,13 +188,13 @@ class TableAdmin:
                     cursor.execute(statement)
 
         try:
-            self._db.transaction(install, timeout=self.timeout)
+            self._db.transaction(upgrade, timeout=self.timeout)
         except DatabaseUnavailable:
             raise  # already waited all of its timeout
         except Exception:  # noqa: BLE001 - any error of the race; the second try raises it for real
             # Two processes creating the tables at once: the loser's CREATE can
             # fail on some databases even with IF NOT EXISTS. Once more settles it.
-            self._db.transaction(install, timeout=self.timeout)
+            self._db.transaction(upgrade, timeout=self.timeout)
         return found
 
     # -- one job -------------------------------------------------------------------
@@ -322,7 +331,7 @@ def _seconds_ago(older_than: object) -> float:
 def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
     """A :data:`~queries.STATUS` row as a JobStatus."""
     name, row_state, attempt, max_attempts, error, result, created, started, finished, run_at, progress, now = row[:12]
-    queue, payload = row[12:]
+    queue, payload, priority = row[12:]
     state: State
     if row_state in ("dead", "done", "cancelled", "running"):
         state = row_state
@@ -347,6 +356,7 @@ def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
         progress=Progress.from_json(progress),
         queue=str(queue),
         payload=_readable(payload),
+        priority=row_priority(priority),
     )
 
 

@@ -128,9 +128,16 @@ class Dialect:
     #: The top-level modules of DB-API drivers whose connections reach this
     #: database (a caller's ``connection=`` may come from another than ours).
     drivers: tuple[str, ...] = ()
+    #: After the claim's table: what makes it read the claim index, whatever
+    #: the planner's statistics say (``{ready_index}`` in the queries).
+    ready_index: str = ""
 
     def sql(self, template: str, table: str) -> str:
-        text = template.replace("{table}", table).replace("{now_once}", self.now_once or self.now)
+        text = (
+            template.replace("{ready_index}", self.ready_index)
+            .replace("{table}", table)
+            .replace("{now_once}", self.now_once or self.now)
+        )
         text = text.replace("{now}", self.now).replace("{lock}", self.lock)
         return text.replace("?", self.placeholder) if self.placeholder != "?" else text
 

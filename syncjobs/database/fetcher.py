@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ..envelope import ClaimedEnvelope
+from ..job import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
 from ..payload import a_kind
-from .claim_floor import LOWEST_DOUBLE, ClaimFloor
+from .claim_floor import ClaimFloor
 from .dialect import Dialect
 from .mysql import MYSQL
 from .postgres import POSTGRES
@@ -143,6 +144,23 @@ def _context(carried: Any, carry: dict[str, contextvars.ContextVar[Any]]) -> con
         if var is not None:
             context.run(var.set, value)
     return context
+
+
+def row_priority(value: Any) -> int:
+    """A row's priority; the default for one that is no number (SQLite keeps whatever was written)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return DEFAULT_PRIORITY
+
+
+def _place(row: Sequence[Any]) -> tuple[int, float]:
+    """A claimed row's priority and due time (its last two columns)."""
+    try:
+        due = float(row[6])
+    except (TypeError, ValueError):
+        due = -math.inf
+    return row_priority(row[7]), due
 
 
 def salvage(row: Sequence[Any], token: str | None) -> ClaimedEnvelope:
@@ -394,9 +412,19 @@ class Fetcher:
         """Until the next parked row is due, at most ``poll_interval``."""
 
         def next_due(cursor: Any) -> float | None:
-            cursor.execute(self._sql["NEXT_DUE"], (self.queue,))
-            row = cursor.fetchone()
-            return None if row is None or row[0] is None else float(row[0])
+            soonest: float | None = None
+            below = MAX_PRIORITY + 1
+            for _ in range(MAX_PRIORITY - MIN_PRIORITY + 1):  # one look per priority the queue has
+                cursor.execute(self._sql["NEXT_DUE"], (self.queue, below))
+                row = cursor.fetchone()
+                if row is None:
+                    break
+                due = float(row[1])
+                soonest = due if soonest is None else min(soonest, due)
+                if soonest <= 0:
+                    break  # one is due already: no need to look further
+                below = row_priority(row[0])
+            return soonest
 
         try:
             due = self._runner.run(next_due, deadline=self.poll_interval)
@@ -410,21 +438,23 @@ class Fetcher:
         """Mark the rows of ``to_mark`` running, and claim up to ``want`` rows, in one statement or transaction."""
         token = str(uuid.uuid4())
         floor = self._floor.start()
-        bound = max(floor, LOWEST_DOUBLE) if self._dialect is MYSQL else floor
-        claim_params = ("claimed", self.owner, token, self.lease, self.queue, bound, want)
+        # From the start, or among the rows of the floor's priority from its due time on.
+        where = (self.queue, want) if floor is None else (self.queue, *floor, want)
+        variant = "" if floor is None else "_FLOOR"
+        claim_params = ("claimed", self.owner, token, self.lease, *where)
 
         def mark_and_claim_returning(cursor: Any) -> list[tuple[Any, ...]]:
             if to_mark and self._dialect is POSTGRES:
                 ids, tokens = [e.id for e in to_mark], sorted({e.lease for e in to_mark if e.lease})
-                cursor.execute(self._sql["MARK_AND_CLAIM"], (ids, tokens, *claim_params))
+                cursor.execute(self._sql["MARK_AND_CLAIM" + variant], (ids, tokens, *claim_params))
             else:
                 self._mark_rows(cursor, to_mark)
-                cursor.execute(self._sql["CLAIM_RETURNING"], claim_params)
+                cursor.execute(self._sql["CLAIM_RETURNING" + variant], claim_params)
             return list(cursor.fetchall())
 
         def mark_and_claim(cursor: Any) -> list[tuple[Any, ...]]:
             self._mark_rows(cursor, to_mark)
-            cursor.execute(self._sql["SELECT_READY"], (self.queue, bound, want))
+            cursor.execute(self._sql["SELECT_READY" + variant], where)
             rows = list(cursor.fetchall())
             if rows:
                 marks = ", ".join([self._dialect.placeholder] * len(rows))
@@ -440,7 +470,10 @@ class Fetcher:
             rows = self._runner.transaction(mark_and_claim_returning)
         else:
             rows = self._runner.run(mark_and_claim_returning)
-        self._floor.claimed(floor, [float(row[6]) for row in rows], want)
+        places = {row[0]: _place(row) for row in rows}
+        # In the claim's order: an UPDATE … RETURNING returns its rows in any order.
+        rows.sort(key=lambda row: (-places[row[0]][0], places[row[0]][1]))
+        self._floor.claimed(floor, list(places.values()), want)
         envelopes: list[ClaimedEnvelope] = []
         for row in rows:
             try:

@@ -72,6 +72,8 @@ MYSQL = Dialect(
     schemes=("mysql", "mariadb", "mysql+pymysql"),
     now="UNIX_TIMESTAMP(NOW(6))",
     lock=" FOR UPDATE SKIP LOCKED",
+    # Statistics gone stale (a bulk load) may make the due-time index and a filesort look cheaper.
+    ready_index=" FORCE INDEX ({table}_ready)",
     begin="BEGIN",
     placeholder="%s",
     text_key="VARCHAR(64)",

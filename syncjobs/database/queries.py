@@ -2,7 +2,8 @@
 
 ``{table}`` is the validated table name; ``{now}`` the database clock in epoch
 seconds, ``{now_once}`` the same read once per statement (for WHERE clauses);
-``{lock}`` the claim's row-locking clause; ``?`` a bound parameter.
+``{lock}`` the claim's row-locking clause; ``{ready_index}`` what makes a
+claim read the claim index; ``?`` a bound parameter.
 """
 
 COLUMNS = "id, name, payload, context, attempt, max_attempts"
@@ -24,9 +25,10 @@ CLAIM_STATE = "CASE WHEN lease_token IS NULL THEN ? ELSE 'running' END"
 
 # A dispatch is INSERT_INTO followed by one INSERT_ROW per job, comma-separated.
 INSERT_INTO = (
-    "INSERT INTO {table} (id, queue, name, payload, context, state, attempt, max_attempts, run_at, created_at) VALUES"
+    "INSERT INTO {table} (id, queue, name, payload, context, state, attempt, max_attempts, priority, run_at, "
+    "created_at) VALUES"
 )
-INSERT_ROW = "(?, ?, ?, ?, ?, 'queued', 0, ?, {now} + ?, {now})"
+INSERT_ROW = "(?, ?, ?, ?, ?, 'queued', 0, ?, ?, {now} + ?, {now})"
 
 # PostgreSQL: the insert and the NOTIFY that wakes other processes, in one statement.
 INSERT_AND_NOTIFY = "WITH inserted AS ({insert} RETURNING id) SELECT pg_notify(?, (SELECT id FROM inserted LIMIT 1))"
@@ -52,12 +54,19 @@ FINISHED_PRUNE = "DELETE FROM {table}_finished WHERE finished_at < {now_once} - 
 
 MAX_ALLOWED_PACKET = "SELECT @@max_allowed_packet"
 
-# A claim reads the ready rows from a floor on their due time up (claim_floor.py)
-# and returns each row's due time after the columns of its envelope.
-SELECT_READY = (
-    f"SELECT {COLUMNS}, run_at FROM {{table}} WHERE queue = ? AND state = 'queued' AND run_at >= ? "
-    "AND run_at <= {now_once} ORDER BY run_at LIMIT ?{lock}"
+# A claim reads the ready rows in the claim index's order, the highest
+# priority first, then by due time: from the start, or (_FROM_FLOOR) past the
+# rows this process took last, those of one priority from a due time on
+# (claim_floor.py). It returns each row's due time and priority after the
+# columns of its envelope.
+_FROM_START = "queue = ? AND state = 'queued' AND run_at <= {now_once} ORDER BY priority DESC, run_at LIMIT ?{lock}"
+_FROM_FLOOR = (
+    "queue = ? AND state = 'queued' AND priority = ? AND run_at >= ? AND run_at <= {now_once} "
+    "ORDER BY run_at LIMIT ?{lock}"
 )
+_CLAIMED = f"{COLUMNS}, run_at, priority"
+SELECT_READY = f"SELECT {_CLAIMED} FROM {{table}}{{ready_index}} WHERE " + _FROM_START
+SELECT_READY_FLOOR = f"SELECT {_CLAIMED} FROM {{table}}{{ready_index}} WHERE " + _FROM_FLOOR
 
 # The ids of one claim batch are bound one placeholder each: {ids} becomes "?, ?, ?".
 MARK_CLAIMED = (
@@ -68,21 +77,22 @@ MARK_CLAIMED = (
 # One round trip where the database has UPDATE … RETURNING (PostgreSQL,
 # SQLite): the subquery's row locks (FOR UPDATE SKIP LOCKED on PostgreSQL)
 # keep two claimers off the same rows; SQLite takes its write lock anyway.
-CLAIM_RETURNING = (
+_CLAIM_SET = (
     "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ?, "
-    "started_at = {now}, progress = NULL "
-    "WHERE id IN (SELECT id FROM {table} WHERE queue = ? AND state = 'queued' AND run_at >= ? "
-    "AND run_at <= {now_once} ORDER BY run_at LIMIT ?{lock}) "
-    f"RETURNING {COLUMNS}, run_at"
+    "started_at = {now}, progress = NULL WHERE id IN (SELECT id FROM {table}{ready_index} WHERE "
 )
+CLAIM_RETURNING = _CLAIM_SET + _FROM_START + f") RETURNING {_CLAIMED}"
+CLAIM_RETURNING_FLOOR = _CLAIM_SET + _FROM_FLOOR + f") RETURNING {_CLAIMED}"
 
 # PostgreSQL: the rows taken from the buffer marked running, in the claim's statement.
 # Rows the completer is deleting (locked) are skipped: their runs are over,
 # and waiting for them would only put the two in each other's way.
-MARK_AND_CLAIM = (
+_MARK_STARTED_FIRST = (
     "WITH started AS (UPDATE {table} SET state = 'running', started_at = {now} WHERE id IN (SELECT id FROM {table} "
-    "WHERE id = ANY(?) AND lease_token = ANY(?) AND state = 'claimed' FOR UPDATE SKIP LOCKED)) " + CLAIM_RETURNING
+    "WHERE id = ANY(?) AND lease_token = ANY(?) AND state = 'claimed' FOR UPDATE SKIP LOCKED)) "
 )
+MARK_AND_CLAIM = _MARK_STARTED_FIRST + CLAIM_RETURNING
+MARK_AND_CLAIM_FLOOR = _MARK_STARTED_FIRST + CLAIM_RETURNING_FLOOR
 
 # The claim token fences it: a row given up meanwhile is not marked.
 MARK_STARTED = (
@@ -148,7 +158,118 @@ DEAD = (
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
 )
 
-NEXT_DUE = "SELECT MIN(run_at) - {now} FROM {table} WHERE queue = ? AND state = 'queued'"
+# The first waiting row of the highest priority below ?, and how soon it is due: the earliest of each
+# priority, read off the claim index one priority after the other (no due-time index of its own, which
+# would be one more index to write at every dispatch and claim).
+NEXT_DUE = (
+    "SELECT priority, run_at - {now} FROM {table}{ready_index} WHERE queue = ? AND state = 'queued' "
+    "AND priority < ? ORDER BY priority DESC, run_at LIMIT 1"
+)
+
+READY = f"SELECT {_CLAIMED} FROM {{table}}{{ready_index}} WHERE " + _FROM_START
+SELECT_READY_FLOOR = f"SELECT {_CLAIMED} FROM {{table}}{{ready_index}} WHERE " + _FROM_FLOOR
+
+# The ids of one claim batch are bound one placeholder each: {ids} becomes "?, ?, ?".
+MARK_CLAIMED = (
+    "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, "
+    "lease_expires = {now} + ?, started_at = {now}, progress = NULL WHERE id IN ({ids})"
+)
+
+# One round trip where the database has UPDATE … RETURNING (PostgreSQL,
+# SQLite): the subquery's row locks (FOR UPDATE SKIP LOCKED on PostgreSQL)
+# keep two claimers off the same rows; SQLite takes its write lock anyway.
+_CLAIM_SET = (
+    "UPDATE {table} SET state = " + CLAIM_STATE + ", lease_owner = ?, lease_token = ?, lease_expires = {now} + ?, "
+    "started_at = {now}, progress = NULL WHERE id IN (SELECT id FROM {table}{ready_index} WHERE "
+)
+CLAIM_RETURNING = _CLAIM_SET + _FROM_START + f") RETURNING {_CLAIMED}"
+CLAIM_RETURNING_FLOOR = _CLAIM_SET + _FROM_FLOOR + f") RETURNING {_CLAIMED}"
+
+# PostgreSQL: the rows taken from the buffer marked running, in the claim's statement.
+# Rows the completer is deleting (locked) are skipped: their runs are over,
+# and waiting for them would only put the two in each other's way.
+_MARK_STARTED_FIRST = (
+    "WITH started AS (UPDATE {table} SET state = 'running', started_at = {now} WHERE id IN (SELECT id FROM {table} "
+    "WHERE id = ANY(?) AND lease_token = ANY(?) AND state = 'claimed' FOR UPDATE SKIP LOCKED)) "
+)
+MARK_AND_CLAIM = _MARK_STARTED_FIRST + CLAIM_RETURNING
+MARK_AND_CLAIM_FLOOR = _MARK_STARTED_FIRST + CLAIM_RETURNING_FLOOR
+
+# The claim token fences it: a row given up meanwhile is not marked.
+MARK_STARTED = (
+    "UPDATE {table} SET state = 'running', started_at = {now} "
+    "WHERE lease_token = ? AND state = 'claimed' AND id IN ({ids})"
+)
+# MySQL: the rows to mark, locked first, skipping those the completer is deleting.
+MARK_SELECT = (
+    "SELECT id FROM {table} WHERE lease_token = ? AND state = 'claimed' AND id IN ({ids}) FOR UPDATE SKIP LOCKED"
+)
+
+SELECT_EXPIRED = (
+    f"SELECT {COLUMNS}, state FROM {{table}} WHERE queue = ? AND state IN {LEASED} AND lease_expires < {{now_once}} "
+    "LIMIT ?{lock}"
+)
+
+REQUEUE_UNSTARTED = (
+    "UPDATE {table} SET state = " + REQUEUED_STATE + ", finished_at = " + REQUEUED_FINISHED + ", run_at = {now}, "
+    "lease_owner = NULL, lease_token = 'unstarted', lease_expires = NULL WHERE id = ? AND state = 'claimed'"
+)
+
+REQUEUE_EXPIRED = (
+    "UPDATE {table} SET state = " + REQUEUED_STATE + ", finished_at = " + REQUEUED_FINISHED + ", attempt = ?, "
+    "run_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
+)
+
+DEAD_EXPIRED = (
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, error = ?, finished_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
+)
+
+# A row that cannot be decoded: dead, with what could be read of its counts
+# written back as numbers, so that the dead-letter views can read it.
+POISON = (
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
+)
+POISON_EXPIRED = (
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, max_attempts = ?, error = ?, finished_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND state IN ('running', 'claimed')"
+)
+
+# Only the leases this process still holds, by token ({tokens} becomes "?, ?"):
+# a row whose claim reply was lost, or whose outcome was given up, expires.
+RENEW = (
+    f"UPDATE {{table}} SET lease_expires = {{now}} + ? WHERE lease_owner = ? AND state IN {LEASED} "
+    "AND lease_token IN ({tokens})"
+)
+
+# Every state change below is fenced on the lease token: a worker that lost
+# its lease changes nothing.
+COMPLETE_MANY = "DELETE FROM {table} WHERE lease_token = ? AND id IN ({ids})"
+
+PARK = (
+    "UPDATE {table} SET state = " + REQUEUED_STATE + ", finished_at = " + REQUEUED_FINISHED + ", attempt = ?, "
+    "run_at = {now} + ?, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
+)
+
+DEAD = (
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, error = ?, finished_at = {now}, "
+    "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
+)
+
+# The next due time of a waiting row, read off the claim index without a due-time index of its own (one
+# more index to write at every dispatch and claim): the earliest due time of each priority the queue has,
+# one index probe per priority, stepping down from the highest.
+NEXT_DUE = (
+    "WITH RECURSIVE levels (p) AS ("
+    "SELECT MAX(priority) FROM {table} WHERE queue = ? AND state = 'queued' "
+    "UNION ALL SELECT (SELECT MAX(priority) FROM {table} WHERE queue = ? AND state = 'queued' AND priority < levels.p) "
+    "FROM levels WHERE levels.p IS NOT NULL) "
+    "SELECT MIN((SELECT MIN(run_at) FROM {table} WHERE queue = ? AND state = 'queued' AND priority = levels.p)) "
+    "- {now} FROM levels WHERE levels.p IS NOT NULL"
+)
 
 READY = "SELECT COUNT(*) FROM {table} WHERE queue = ? AND state = 'queued' AND run_at <= {now_once}"
 
@@ -179,14 +300,15 @@ WORKERS_PRUNE = "DELETE FROM {table}_workers WHERE heartbeat_at < {now_once} - l
 # Done jobs' records, for status(): written with their deletes, pruned once expired.
 RESULT_COLUMNS = (
     "id, queue, name, state, attempts, max_attempts, result, progress, created_at, started_at, finished_at, "
-    "expires_at, payload"
+    "expires_at, payload, priority"
 )
 # Elsewhere, before the delete and fenced like it: {results}, {progress} and
 # {keeps} are CASE id WHEN ? THEN ? … END over the batch's ids, {ids} their placeholders.
 KEEP_RESULTS = (
     "INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
     "SELECT id, queue, name, 'done', attempt + 1, max_attempts, {results}, COALESCE({progress}, progress), "
-    "created_at, started_at, {now}, {now} + {keeps}, payload FROM {table} WHERE lease_token = ? AND id IN ({ids})"
+    "created_at, started_at, {now}, {now} + {keeps}, payload, priority FROM {table} "
+    "WHERE lease_token = ? AND id IN ({ids})"
 )
 RESULTS_PRUNE = "DELETE FROM {table}_results WHERE expires_at < {now_once}"
 
@@ -194,9 +316,9 @@ RESULTS_PRUNE = "DELETE FROM {table}_results WHERE expires_at < {now_once}"
 # dead), else a kept result that has not expired.
 STATUS = (
     "SELECT name, state, attempt, max_attempts, error, NULL, created_at, started_at, finished_at, run_at, progress, "
-    "{now}, queue, payload FROM {table} WHERE id = ? UNION ALL "
+    "{now}, queue, payload, priority FROM {table} WHERE id = ? UNION ALL "
     "SELECT name, state, attempts, max_attempts, NULL, result, created_at, started_at, finished_at, NULL, progress, "
-    "{now}, queue, payload FROM {table}_results WHERE id = ? AND expires_at >= {now}"
+    "{now}, queue, payload, COALESCE(priority, 0) FROM {table}_results WHERE id = ? AND expires_at >= {now}"
 )
 
 # cancel(): a waiting job ends at once (a claim takes only 'queued' rows);
@@ -233,13 +355,13 @@ COMPLETE_RECORD_COUNT = (
     "USING unnest(?::text[], ?::text[], ?::text[], ?::float8[], ?::text[]) AS t(id, token, result, keep, progress) "
     "WHERE j.id = t.id AND j.lease_token = t.token "
     "RETURNING j.id, j.queue, j.name, j.attempt, j.max_attempts, j.created_at, j.started_at, t.result, t.keep, "
-    "j.payload, "
+    "j.payload, j.priority, "
     "COALESCE(t.progress, j.progress) AS progress), "
     "recorded AS (INSERT INTO {table}_finished (id, finished_at) SELECT id, {now} FROM gone "
     "ON CONFLICT (id) DO NOTHING), "
     "kept AS (INSERT INTO {table}_results (" + RESULT_COLUMNS + ") "
     "SELECT id, queue, name, 'done', attempt + 1, max_attempts, result, progress, created_at, started_at, {now}, "
-    "{now} + keep, payload FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
+    "{now} + keep, payload, priority FROM gone WHERE keep > 0 ON CONFLICT (id) DO NOTHING), "
     "counted AS (INSERT INTO {table}_done (queue, bucket, done) SELECT ?, ?, COUNT(*) FROM gone "
     "HAVING COUNT(*) > 0 ON CONFLICT (queue, bucket) DO UPDATE SET done = {table}_done.done + excluded.done) "
     # The NOTIFY wakes result() waiting in any process; delivered at commit, one per batch.

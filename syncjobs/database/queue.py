@@ -43,7 +43,7 @@ class DatabaseJobQueue(StoreQueue):
     after the worker first met it; then it is a dead letter. 0: a dead letter at once.
     """
 
-    dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "connection"})
+    dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "priority", "connection"})
     cancels_only_here: ClassVar[bool] = False
 
     def __init__(
@@ -220,10 +220,16 @@ class DatabaseJobQueue(StoreQueue):
         super().stop_claiming()
 
     def dispatch(
-        self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, connection: Any = None
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+        connection: Any = None,
     ) -> JobHandle:
         """Insert ``job``; with ``connection``, inside the caller's transaction, which the queue never commits."""
-        return self.dispatch_many([job], delay=delay, run_at=run_at, connection=connection)[0]
+        return self.dispatch_many([job], delay=delay, run_at=run_at, priority=priority, connection=connection)[0]
 
     def _check_envelope(self, envelope: Envelope) -> None:
         self._ensure_schema()
@@ -242,18 +248,22 @@ class DatabaseJobQueue(StoreQueue):
         *,
         delay: Delay = None,
         run_at: datetime.datetime | None = None,
+        priority: int | None = None,
         connection: Any = None,
     ) -> list[JobHandle]:
-        """Insert ``jobs`` in one transaction: all of them or, if anything is refused, none; their handles."""
+        """Insert ``jobs`` in one transaction: all of them or, if anything is refused, none; their handles.
+
+        ``priority``, if given, is every job's; else each has its class's ``PRIORITY``.
+        """
         diverted = self._diverted_to
         if diverted is not None:  # all checked before any is enqueued, as here
-            prepared = [diverted.prepare(job, delay=delay, run_at=run_at) for job in jobs]
+            prepared = [diverted.prepare(job, delay=delay, run_at=run_at, priority=priority) for job in jobs]
             for each in prepared:
                 each.submit()
             return [diverted.handle(each.id) for each in prepared]
         items: list[tuple[Envelope, float]] = []
         for job in jobs:
-            envelope = self._new_envelope(job)
+            envelope = self._new_envelope(job, priority)
             items.append((envelope, delay_seconds(envelope.name, delay, run_at)))
         if items and connection is not None:
             check_connection(self._dialect, connection, items[0][0].name)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ..job import MAX_NAME_LENGTH
-from .dialects import MYSQL, POSTGRES, Dialect
+from .dialects import MYSQL, POSTGRES, SQLITE, Dialect
 
 #: Bumped by any change to the tables; stored in ``<table>_schema``.
 #: 1: the jobs table. 2: adds ``<table>_workers`` (live workers and their
@@ -17,7 +18,9 @@ from .dialects import MYSQL, POSTGRES, Dialect
 #: ``keep_result`` seconds, for ``status()``). 5: adds ``payload`` to
 #: ``<table>_results``, so that a done job's record still says what it was
 #: asked to do (the Django Tasks backend's ``get_result()`` answers its arguments).
-SCHEMA_VERSION = 5
+#: 6: adds ``priority`` to the jobs table and ``<table>_results``, and the
+#: claim's index ``<table>_ready`` (queue, state, priority DESC, run_at).
+SCHEMA_VERSION = 6
 
 #: Seconds a finished job's id is kept in ``<table>_finished`` (far longer than any dispatch retries),
 #: and a per-second count of done jobs in ``<table>_done`` (for stats).
@@ -31,7 +34,17 @@ _ADDED_COLUMNS = [
     ("", "progress", "text"),
     ("", "cancel_requested", "INTEGER"),
     ("_results", "payload", "text"),
+    ("", "priority", "INTEGER NOT NULL DEFAULT 0"),
+    ("_results", "priority", "INTEGER"),
 ]
+#: Indexes added to the jobs table after it was created: (name suffix, columns).
+#: The claim reads the ready rows of a queue, the highest priority first,
+#: then by due time: one ordered range of this index (DESC, so that MySQL and
+#: MariaDB 10.8+ read it in that order too).
+_ADDED_INDEXES = [("_ready", "queue, state, priority DESC, run_at")]
+#: Indexes of earlier versions that no query reads any more (each is written at every dispatch and
+#: claim): dropped once what replaces them is there. ``_claim`` (queue, state, run_at), until version 5.
+_RETIRED_INDEXES = ["_claim"]
 
 
 # PostgreSQL: every job leaves dead tuples (its claim's UPDATE and its
@@ -46,17 +59,56 @@ _OFTEN_VACUUMED = "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_thre
 
 
 def ddl(dialect: Dialect, table: str) -> list[str]:
-    """The statements that create every table and index, each idempotent.
+    """The statements that create every table and index, each idempotent, in the order a new database needs.
 
-    Upgrading is running them again: each version only adds tables, so what
-    exists is kept and what is missing is created.
+    Upgrading an older table is :func:`install`: each version only adds
+    tables, columns and indexes, so what exists is kept and what is missing is
+    created.
     """
+    return [*_tables(dialect, table), *_late_indexes(dialect, table)]
+
+
+def install(dialect: Dialect, table: str, cursor: Any, run: Callable[[str], object] | None = None) -> None:
+    """Create what is missing of every table, column and index; keep the rest. Idempotent.
+
+    With ``run``, the statements go to it instead of being executed (what
+    ``migrate --sql`` prints): which ones depends on what ``cursor`` finds.
+    """
+    execute = cursor.execute if run is None else run
+    for statement in _tables(dialect, table):
+        execute(statement)
+    for statement in _upgrades(dialect, table, cursor):  # before the indexes on the columns they add
+        execute(statement)
+    for statement in _late_indexes(dialect, table):
+        execute(statement)
+    for statement in _retirements(dialect, table, cursor):
+        execute(statement)
+
+
+def _retirements(dialect: Dialect, table: str, cursor: Any) -> list[str]:
+    """The statements that drop the indexes of :data:`_RETIRED_INDEXES` the table still has."""
+    statements: list[str] = []
+    for suffix in _RETIRED_INDEXES:
+        name = f"{table}{suffix}"
+        if _count(dialect, cursor, "index", table, name):
+            statements.append(f"ALTER TABLE {table} DROP INDEX {name}" if dialect is MYSQL else f"DROP INDEX {name}")
+    return statements
+
+
+def _late_indexes(dialect: Dialect, table: str) -> list[str]:
+    """The indexes of :data:`_ADDED_INDEXES` (MySQL has them in its ``CREATE TABLE``, and from :func:`add_columns`)."""
+    if dialect is MYSQL:
+        return []
+    return [f"CREATE INDEX IF NOT EXISTS {table}{suffix} ON {table} ({cols})" for suffix, cols in _ADDED_INDEXES]
+
+
+def _tables(dialect: Dialect, table: str) -> list[str]:
     key, real = dialect.text_key, dialect.real
     text = "LONGTEXT" if dialect is MYSQL else "TEXT"
-    # The claim reads (queue, state, run_at) in order; lease recovery reads
-    # (state, lease_expires); the heartbeat updates by lease_owner.
+    # The claim reads (queue, state, priority DESC, run_at) in order (an index of
+    # _ADDED_INDEXES), and so does the look for the next due row; lease recovery
+    # reads (state, lease_expires); the heartbeat updates by lease_owner.
     indexes = [
-        (f"{table}_claim", "queue, state, run_at"),
         (f"{table}_lease", "state, lease_expires"),
         (f"{table}_owner", "lease_owner"),
     ]
@@ -78,7 +130,8 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         finished_at {real},
         started_at {real},
         progress {text},
-        cancel_requested INTEGER"""
+        cancel_requested INTEGER,
+        priority INTEGER NOT NULL DEFAULT 0"""
     engine = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" if dialect is MYSQL else ""
     finished_index = f",\n        INDEX {table}_finished_at (finished_at)" if dialect is MYSQL else ""
     expires_index = f",\n        INDEX {table}_results_expires (expires_at)" if dialect is MYSQL else ""
@@ -122,11 +175,13 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
         started_at {real},
         finished_at {real} NOT NULL,
         expires_at {real} NOT NULL,
-        payload {text}{expires_index}
+        payload {text},
+        priority INTEGER{expires_index}
 ){engine}""",
     ]
     if dialect is MYSQL:
         # MySQL has no CREATE INDEX IF NOT EXISTS: the indexes go in the table.
+        indexes += [(f"{table}{suffix}", cols) for suffix, cols in _ADDED_INDEXES]
         inline = ",".join(f"\n        INDEX {name} ({cols})" for name, cols in indexes)
         return [f"CREATE TABLE IF NOT EXISTS {table} ({columns},{inline}\n){engine}", *companions]
     vacuum = [f"ALTER TABLE {table} SET ({_OFTEN_VACUUMED})"] if dialect is POSTGRES else []
@@ -140,33 +195,53 @@ def ddl(dialect: Dialect, table: str) -> list[str]:
     ]
 
 
-def add_columns(dialect: Dialect, table: str, cursor: Any) -> None:
-    """Add to the existing tables the columns later versions gave them; idempotent."""
+def _upgrades(dialect: Dialect, table: str, cursor: Any) -> list[str]:
+    """The statements that add to existing tables the columns (on MySQL, the indexes) later versions gave them.
+
+    Looked up first: ALTER TABLE locks the whole table, even when it has the
+    column already. A table not there yet is left to its ``CREATE TABLE``.
+    """
+    statements: list[str] = []
     for suffix, column, kind in _ADDED_COLUMNS:
-        _add_column(dialect, f"{table}{suffix}", column, kind, cursor)
+        name = f"{table}{suffix}"
+        if _count(dialect, cursor, "table", name) and not _count(dialect, cursor, "column", name, column):
+            sql_type = {"real": dialect.real, "text": "LONGTEXT" if dialect is MYSQL else "TEXT"}.get(kind, kind)
+            exists = " IF NOT EXISTS" if dialect is POSTGRES else ""  # SQLite and MySQL have none
+            statements.append(f"ALTER TABLE {name} ADD COLUMN{exists} {column} {sql_type}")
+    if dialect is MYSQL and _count(dialect, cursor, "table", table):
+        for suffix, cols in _ADDED_INDEXES:
+            if not _count(dialect, cursor, "index", table, f"{table}{suffix}"):
+                statements.append(f"ALTER TABLE {table} ADD INDEX {table}{suffix} ({cols})")
+    return statements
 
 
-def _add_column(dialect: Dialect, table: str, column: str, kind: str, cursor: Any) -> None:
-    sql_type = {"real": dialect.real, "text": "LONGTEXT" if dialect is MYSQL else "TEXT"}.get(kind, kind)
-    # Looked up first: ALTER TABLE locks the whole table, even when it has the column already.
-    if dialect is POSTGRES:
-        cursor.execute(
-            "SELECT COUNT(*) FROM information_schema.columns "
-            "WHERE table_schema = current_schema() AND table_name = %s AND column_name = %s",
-            (table.lower(), column),  # an unquoted name is folded to lower case
-        )
-    elif dialect is MYSQL:
-        cursor.execute(
-            "SELECT COUNT(*) FROM information_schema.columns "
-            "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
-            (table, column),
-        )
-    else:
-        pragma = f"SELECT COUNT(*) FROM pragma_table_info('{table}') WHERE name = ?"  # noqa: S608 - a validated identifier
-        cursor.execute(pragma, (column,))
-    if not cursor.fetchone()[0]:
-        exists = " IF NOT EXISTS" if dialect is POSTGRES else ""  # SQLite and MySQL have none
-        cursor.execute(f"ALTER TABLE {table} ADD COLUMN{exists} {column} {sql_type}")
+#: How each database says whether a table, a column of it or (MySQL) an index of it exists.
+_LOOKUPS = {
+    (POSTGRES, "table"): "SELECT COUNT(*) FROM information_schema.tables "
+    "WHERE table_schema = current_schema() AND table_name = %s",
+    (POSTGRES, "column"): "SELECT COUNT(*) FROM information_schema.columns "
+    "WHERE table_schema = current_schema() AND table_name = %s AND column_name = %s",
+    (
+        MYSQL,
+        "table",
+    ): "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = %s",
+    (MYSQL, "column"): "SELECT COUNT(*) FROM information_schema.columns "
+    "WHERE table_schema = DATABASE() AND table_name = %s AND column_name = %s",
+    (MYSQL, "index"): "SELECT COUNT(*) FROM information_schema.statistics "
+    "WHERE table_schema = DATABASE() AND table_name = %s AND index_name = %s",
+    (POSTGRES, "index"): "SELECT COUNT(*) FROM pg_indexes "
+    "WHERE schemaname = current_schema() AND tablename = %s AND indexname = %s",
+    (SQLITE, "table"): "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?",
+    (SQLITE, "index"): "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND name = ?",
+    (SQLITE, "column"): "SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = ?",
+}
+
+
+def _count(dialect: Dialect, cursor: Any, kind: str, table: str, *names: str) -> int:
+    # PostgreSQL folds an unquoted name to lower case; the others keep it.
+    args = (table, *names)
+    cursor.execute(_LOOKUPS[dialect, kind], tuple(a.lower() for a in args) if dialect is POSTGRES else args)
+    return int(cursor.fetchone()[0])
 
 
 def record_version(table: str) -> list[str]:

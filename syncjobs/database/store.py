@@ -193,6 +193,7 @@ class DatabaseStore:
             envelope.payload,
             self.carried(envelope.context),
             envelope.max_attempts,
+            envelope.priority,
             delay,
         )
 

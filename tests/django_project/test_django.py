@@ -746,6 +746,25 @@ def test_context_async_tasks_and_other_queues() -> None:
         assert report.task.queue_name == "reports"
 
 
+def test_tasks_of_a_higher_priority_run_first() -> None:
+    backend = jobs.add.get_backend()
+    assert backend.supports_priority is True
+    plain = [jobs.add.enqueue(n, 0) for n in range(3)]
+    urgent = jobs.urgent_add.enqueue(1, 1)  # @task(priority=10)
+    lowly = jobs.add.using(priority=-50).enqueue(5, 5)
+    raised = jobs.add.using(priority=50).enqueue(2, 2)
+    assert (urgent.task.priority, lowly.task.priority, raised.task.priority) == (10, -50, 50)
+    assert QueuedJob.objects.get(id=raised.id).priority == 50
+    run_worker("--workers", "1")  # one thread: tasks start in the order they were claimed
+    results = [jobs.add.get_result(raised.id), jobs.urgent_add.get_result(urgent.id)]
+    results += [jobs.add.get_result(r.id) for r in (*plain, lowly)]
+    assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL] * 6
+    assert results[1].task.priority == 10
+    started = [r.started_at for r in results]
+    assert all(at is not None for at in started)
+    assert started == sorted(started), started  # 50, then 10, then the three of 0 in order, then -50
+
+
 def test_what_the_backend_refuses() -> None:
     backend = jobs.add.get_backend()
     assert (backend.supports_defer, backend.supports_get_result, backend.supports_async_task) == (True, True, True)
@@ -753,9 +772,8 @@ def test_what_the_backend_refuses() -> None:
     [warning] = backend.check()
     assert warning.id == "syncjobs.W001"
     assert "'reports'" in warning.msg
-    assert backend.supports_priority is False
     with pytest.raises(InvalidTask, match="priority"):
-        jobs.add.using(priority=10)
+        jobs.add.using(priority=101)  # Django's range: -100 to 100
     with pytest.raises(InvalidTask, match="Queue 'nightly' is not valid"):
         jobs.add.using(queue_name="nightly")
     with pytest.raises(InvalidTask, match="module level"):

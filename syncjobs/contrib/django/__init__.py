@@ -112,6 +112,7 @@ def dispatch(
     *,
     delay: Delay = None,
     run_at: datetime.datetime | None = None,
+    priority: int | None = None,
     queue: str | None = None,
     using: str | None = None,
 ) -> JobHandle:
@@ -130,9 +131,9 @@ def dispatch(
         connection = connections[config.database]
         if connection.in_atomic_block:
             connection.ensure_connection()
-            return target.dispatch(job, delay=delay, run_at=run_at, connection=connection.connection)
-        return target.dispatch(job, delay=delay, run_at=run_at)
-    prepared = target.prepare(job, delay=delay, run_at=run_at)
+            return target.dispatch(job, delay=delay, run_at=run_at, priority=priority, connection=connection.connection)
+        return target.dispatch(job, delay=delay, run_at=run_at, priority=priority)
+    prepared = target.prepare(job, delay=delay, run_at=run_at, priority=priority)
     if config.backend == "memory":
         # Its jobs run in this process: start its workers first, so that a
         # dispatch whose start fails hands over no job.
@@ -144,7 +145,9 @@ def dispatch(
 #: ``@task`` (or ``@task(name=…, max_attempts=…, retry_wait=…, queue=…)``) on a module-level function:
 #: ``f.dispatch(…)`` enqueues a call as :func:`dispatch` does, in the caller's transaction where it can;
 #: ``f.using(delay=…, queue=…, using=…)`` sets options first. Fine at import time, like :func:`register`.
-task = TaskDecorator(register, dispatch, frozenset({"delay", "run_at", "queue", "using"}), frozenset({"queue"}))
+task = TaskDecorator(
+    register, dispatch, frozenset({"delay", "run_at", "priority", "queue", "using"}), frozenset({"queue"})
+)
 
 
 def reset() -> None:

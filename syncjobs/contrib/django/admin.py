@@ -51,7 +51,7 @@ class _JobRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 @admin.register(QueuedJob)
 class QueuedJobAdmin(_JobRecordAdmin):
-    list_display = ("id", "name", "queue", "state", "runs", "due", "progress_shown", "short_error")
+    list_display = ("id", "name", "queue", "state", "priority", "runs", "due", "progress_shown", "short_error")
     ordering = ("run_at", "id")
     actions = ("cancel_jobs", "retry_dead_letters", "purge_dead_letters")
     fields = (
@@ -59,6 +59,7 @@ class QueuedJobAdmin(_JobRecordAdmin):
         "name",
         "queue",
         "state",
+        "priority",
         "runs",
         "due",
         "created",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from syncjobs.database.dialects import MYSQL, POSTGRES, SQLITE
-from syncjobs.database.schema import add_columns, ddl, record_version
+from syncjobs.database.schema import install, record_version
 
 TABLE = "syncjobs_jobs"
 DIALECTS = {"postgresql": POSTGRES, "mysql": MYSQL, "sqlite": SQLITE}
@@ -16,9 +16,7 @@ def run_ddl(apps: Any, schema_editor: Any) -> None:
     dialect = DIALECTS.get(schema_editor.connection.vendor)
     if dialect is None:
         return  # a database syncjobs cannot use: nothing to create there
-    for statement in ddl(dialect, TABLE):
-        schema_editor.execute(statement, params=None)
     with schema_editor.connection.cursor() as cursor:
-        add_columns(dialect, TABLE, cursor)
+        install(dialect, TABLE, cursor)
     for statement in record_version(TABLE):
         schema_editor.execute(statement, params=None)

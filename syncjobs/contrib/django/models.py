@@ -58,6 +58,8 @@ class QueuedJob(_JobRecord):
     error = models.TextField(null=True)
     finished_at = models.FloatField(null=True)
     cancel_requested = models.IntegerField(null=True)
+    #: Of the jobs due, higher runs first (schema version 6).
+    priority = models.IntegerField(default=0)
 
     class Meta:
         managed = False

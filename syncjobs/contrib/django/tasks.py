@@ -79,7 +79,7 @@ class SyncJobsBackend(BaseTaskBackend):
     supports_defer = True  # run_after: the job waits in the queue until then
     supports_async_task = True  # coroutine functions run through async_to_sync
     supports_get_result = True  # from the job's status, in any process
-    supports_priority = False  # jobs are claimed in the order they come due
+    supports_priority = True  # of the jobs due, those of higher priority are claimed first
 
     def validate_task(self, task: Task[Any, Any]) -> None:
         super().validate_task(task)
@@ -96,7 +96,8 @@ class SyncJobsBackend(BaseTaskBackend):
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):  # USE_TZ = False: the project's local time
             run_after = timezone.make_aware(run_after)
-        handle = dispatch(job_class_for(task)(list(args), dict(kwargs)), run_at=run_after, queue=task.queue_name)
+        job = job_class_for(task)(list(args), dict(kwargs))
+        handle = dispatch(job, run_at=run_after, priority=task.priority, queue=task.queue_name)
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=str(handle),
@@ -180,7 +181,7 @@ def _uncommitted_status(database: str, job_id: str) -> JobStatus | None:
     row = (
         QueuedJob.objects.using(database)
         .filter(id=job_id)
-        .values_list(*columns, "run_at", "progress", "queue", "payload")
+        .values_list(*columns, "run_at", "progress", "queue", "payload", "priority")
     )
     found = row.first()
     if found is None:
@@ -330,7 +331,9 @@ def _from_status(status: JobStatus, queue_name: str, alias: str) -> TaskResult[A
         raise TaskResultDoesNotExist(f"{status.name!r} is not a task")
     waiting = status.state in ("queued", "scheduled", "retrying")
     run_after = _shown(status.run_at) if waiting else None
-    task = dataclasses.replace(task, queue_name=queue_name, run_after=run_after, backend=alias)
+    task = dataclasses.replace(
+        task, queue_name=queue_name, priority=status.priority, run_after=run_after, backend=alias
+    )
     code = _STATUSES[status.state]
     runs = status.attempts + (1 if status.state == "running" else 0)
     call = status.payload if isinstance(status.payload, dict) else {}

@@ -52,7 +52,7 @@ R = TypeVar("R", bound=RunObserver)
 
 logger = logging.getLogger("syncjobs")
 
-_DISPATCH_OPTIONS = frozenset({"delay", "run_at", "queue"})
+_DISPATCH_OPTIONS = frozenset({"delay", "run_at", "priority", "queue"})
 
 DEFAULTS: dict[str, Any] = {
     "SYNCJOBS_URL": "memory://",
@@ -128,11 +128,17 @@ class SyncJobs:
         return TaskDecorator(self.register, self.dispatch, _DISPATCH_OPTIONS, frozenset({"queue"}))
 
     def dispatch(
-        self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, queue: str | None = None
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
     ) -> JobHandle:
         """Enqueue ``job`` on the current app's queue (it runs inside that app's context); returns its handle."""
         state: AppQueues = current_app.extensions["syncjobs"]
-        return state.dispatch(job, delay=delay, run_at=run_at, queue=queue)
+        return state.dispatch(job, delay=delay, run_at=run_at, priority=priority, queue=queue)
 
 
 class AppQueues:
@@ -179,12 +185,18 @@ class AppQueues:
         ]
 
     def dispatch(
-        self, job: Job, *, delay: Delay = None, run_at: datetime.datetime | None = None, queue: str | None = None
+        self,
+        job: Job,
+        *,
+        delay: Delay = None,
+        run_at: datetime.datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
     ) -> JobHandle:
         name = queue or self.app.config["SYNCJOBS_QUEUES"][0]
         # A queue named only here runs in embedded mode too, or its jobs never would.
         self.ensure_embedded(name)
-        return self._queues.get(name).dispatch(job, delay=delay, run_at=run_at)
+        return self._queues.get(name).dispatch(job, delay=delay, run_at=run_at, priority=priority)
 
     def before_request(self) -> None:
         """Embedded mode: a process that serves requests runs its workers, whatever was guessed at init_app."""

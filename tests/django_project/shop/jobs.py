@@ -61,6 +61,12 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@task(priority=10)
+def urgent_add(a: int, b: int) -> int:
+    """A Django task with a priority: claimed before the due tasks of lower ones."""
+    return a + b
+
+
 @task
 def explode(message: str) -> None:
     raise ValueError(message)
