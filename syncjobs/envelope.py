@@ -52,6 +52,8 @@ class ClaimedEnvelope(Envelope):
     keep: float = 0.0
     #: What the run last reported (JSON), for the record.
     progress: str | None = None
+    #: The row's priority, as claimed.
+    priority: int = DEFAULT_PRIORITY  # type: ignore[misc]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,10 +83,14 @@ class ReadyQueue:
         item = self._items.get()
         if item is _WAKE:
             return None
-        if self._heap is None:
+        # A token means the heap, whatever _heap reads: a put() turning the queue ranked puts
+        # the tokens of the jobs it moved before it sets _heap, under the lock taken below.
+        if item is not _RANKED and self._heap is None:
             return item  # type: ignore[return-value]
         with self._lock:
             heap = self._heap
+            if heap is None:  # a token is put only once _heap is set, under this lock
+                raise RuntimeError("a ranked token with no heap")
             if isinstance(item, Envelope):
                 # Put on the SimpleQueue by a put() that raced the turn to ranked: it ranks now.
                 heapq.heappush(heap, (-item.priority, next(self._arrivals), item))

@@ -7,6 +7,7 @@ import queue as stdqueue
 import random
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import ClassVar
@@ -286,6 +287,17 @@ def test_the_first_job_of_another_priority_ranks_the_jobs_already_waiting_in_the
 
 
 def test_a_ready_queue_hands_every_job_once_to_many_workers_while_it_turns_ranked() -> None:
+    # Threads switch every microsecond, not every 5 ms: a race between the turn to ranked and a get()
+    # that reads the queue's state without the lock shows here, where it would hide at the default.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        _hand_out_every_job_once()
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def _hand_out_every_job_once() -> None:
     ready = ReadyQueue()
     taken: stdqueue.SimpleQueue[str] = stdqueue.SimpleQueue()
     count = 4000
@@ -323,6 +335,27 @@ def test_a_ready_queue_hands_every_job_once_to_many_workers_while_it_turns_ranke
     assert sorted(ids, key=int) == [str(n) for n in range(3 * count)]
 
 
+def test_a_worker_rests_only_until_the_next_parked_row_of_any_priority_is_due(db_url: str) -> None:
+    from tests.test_claim_floor import _Connection, _insert_due, fetcher_on
+    from tests.test_database import drop_tables, install_tables
+
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    install_tables(db_url, table)
+    runner = _Connection(db_url)
+    try:
+        fetcher = fetcher_on(runner, table, poll_interval=30.0, prefetch=0)
+        assert fetcher.idle_wait() == 30.0  # nothing waits: the poll interval
+        now = time.time()
+        for job_id, priority, due_in in (("high", 9, 600.0), ("mid", 0, 120.0), ("low", -9, 5.0), ("also", 0, 900.0)):
+            _insert_due(db_url, table, job_id, 1_000_000_000.0 - now - due_in, priority=priority)
+        assert 3.0 < fetcher.idle_wait() <= 5.0  # the lowest priority's row is due first
+        _insert_due(db_url, table, "due", 1_000_000_000.0 - now + 1.0, priority=5)
+        assert fetcher.idle_wait() == 0.0  # one is due already
+    finally:
+        runner.conn.close()
+        drop_tables(db_url, table)
+
+
 # -- the schema: version 5 tables gain priorities in place ------------------------------
 
 
@@ -352,7 +385,7 @@ def test_a_populated_version_5_table_gains_priorities_and_runs_its_jobs(db_url: 
         assert len(added) == 2, added
         assert all(" priority INTEGER" in s for s in added), added
         [ready] = [s for s in planned if f"{table}_ready" in s and not s.startswith("CREATE TABLE")]
-        [retired] = [s for s in planned if f"DROP INDEX {table}_claim" in s]  # the due-time index, read no more
+        [retired] = [s for s in planned if "DROP INDEX" in s and f"{table}_claim" in s]  # the due-time index
         assert planned.index(added[-1]) < planned.index(ready) < planned.index(retired)
         for statement in planned:
             execute(db_url, statement)

@@ -83,7 +83,10 @@ _WAKE = _Wake()
 
 
 def decode_row(row: Sequence[Any], token: str | None, carry: dict[str, contextvars.ContextVar[Any]]) -> ClaimedEnvelope:
-    """An envelope of ``(id, name, payload, context, attempt, max_attempts)``; else :class:`Undecodable`."""
+    """An envelope of ``(id, name, payload, context, attempt, max_attempts[, run_at, priority])``.
+
+    :class:`Undecodable` if the row cannot make one.
+    """
     job_id, name, payload, context, attempt, max_attempts = row[:6]
     _check_text(name, "name")
     _check_text(payload, "payload")
@@ -95,6 +98,7 @@ def decode_row(row: Sequence[Any], token: str | None, carry: dict[str, contextva
         _count(attempt, "attempt"),
         _context(context, carry),
         lease=token,
+        priority=row_priority(row[7]) if len(row) > 7 else DEFAULT_PRIORITY,
     )
 
 
@@ -401,15 +405,15 @@ class Fetcher:
         return taken
 
     def _next_look(self) -> float:
-        wait = self._idle_wait()
+        wait = self.idle_wait()
         step = self._soon_step
         if step:
             self._soon_step = step * 2 if step * 2 < self.poll_interval else 0.0
             wait = min(wait, step)
         return wait
 
-    def _idle_wait(self) -> float:
-        """Until the next parked row is due, at most ``poll_interval``."""
+    def idle_wait(self) -> float:
+        """Seconds until the next parked row is due, at most ``poll_interval``."""
 
         def next_due(cursor: Any) -> float | None:
             soonest: float | None = None
@@ -428,7 +432,8 @@ class Fetcher:
 
         try:
             due = self._runner.run(next_due, deadline=self.poll_interval)
-        except Exception:  # noqa: BLE001 - only a hint; the poll interval bounds the wait anyway
+        except Exception:
+            logger.debug("looking for the next due row of queue %r failed", self.queue, exc_info=True)
             return self.poll_interval
         return self.poll_interval if due is None else max(0.0, min(due, self.poll_interval))
 

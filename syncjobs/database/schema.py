@@ -91,7 +91,10 @@ def _retirements(dialect: Dialect, table: str, cursor: Any) -> list[str]:
     for suffix in _RETIRED_INDEXES:
         name = f"{table}{suffix}"
         if _count(dialect, cursor, "index", table, name):
-            statements.append(f"ALTER TABLE {table} DROP INDEX {name}" if dialect is MYSQL else f"DROP INDEX {name}")
+            # IF EXISTS: another process migrating at once may have dropped it meanwhile (MySQL has none).
+            statements.append(
+                f"ALTER TABLE {table} DROP INDEX {name}" if dialect is MYSQL else f"DROP INDEX IF EXISTS {name}"
+            )
     return statements
 
 

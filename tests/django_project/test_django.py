@@ -759,7 +759,7 @@ def test_tasks_of_a_higher_priority_run_first() -> None:
     results = [jobs.add.get_result(raised.id), jobs.urgent_add.get_result(urgent.id)]
     results += [jobs.add.get_result(r.id) for r in (*plain, lowly)]
     assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL] * 6
-    assert results[1].task.priority == 10
+    assert (results[0].task.priority, results[1].task.priority, results[-1].task.priority) == (50, 10, -50)
     started = [r.started_at for r in results]
     assert all(at is not None for at in started)
     assert started == sorted(started), started  # 50, then 10, then the three of 0 in order, then -50
