@@ -28,7 +28,7 @@ FINISHED_KEPT = 3600.0
 DONE_COUNTS_KEPT = 3600
 
 #: Columns added to a table after it was created: (table suffix, name, type) by version.
-#: ``CREATE TABLE`` has them; :func:`add_columns` adds them to an older table.
+#: ``CREATE TABLE`` has them; :func:`install` adds them to an older table (:func:`_upgrades`).
 _ADDED_COLUMNS = [
     ("", "started_at", "real"),
     ("", "progress", "text"),
@@ -99,7 +99,7 @@ def _retirements(dialect: Dialect, table: str, cursor: Any) -> list[str]:
 
 
 def _late_indexes(dialect: Dialect, table: str) -> list[str]:
-    """The indexes of :data:`_ADDED_INDEXES` (MySQL has them in its ``CREATE TABLE``, and from :func:`add_columns`)."""
+    """The indexes of :data:`_ADDED_INDEXES` (MySQL has them in its ``CREATE TABLE``, and from :func:`_upgrades`)."""
     if dialect is MYSQL:
         return []
     return [f"CREATE INDEX IF NOT EXISTS {table}{suffix} ON {table} ({cols})" for suffix, cols in _ADDED_INDEXES]
