@@ -23,6 +23,7 @@ import syncjobs
 from syncjobs.database import queries
 from syncjobs.database.dialect import Dialect
 from syncjobs.database.dialects import POSTGRES, Connector
+from syncjobs.database.schema import COMPANIONS
 
 TABLE = "syncjobs_bench_plan"
 # A claim of 10 rows read from the start (every priority, in the claim index's order).
@@ -92,7 +93,8 @@ def main() -> None:
             sql = dialect.sql(queries.CLAIM_RETURNING, TABLE)
             print(f"  {label:<28} {claim_ms(cursor, sql, args.claims):>8.3f} ms   {scan_of(cursor, sql)}")
         print("  goal: under 1 ms, an index scan and no sort")
-        cursor.execute(f"DROP TABLE IF EXISTS {TABLE}, {TABLE}_schema, {TABLE}_workers, {TABLE}_done, {TABLE}_finished")
+        for suffix in ("", *COMPANIONS):
+            cursor.execute(f"DROP TABLE IF EXISTS {TABLE}{suffix}")
     finally:
         conn.close()
 

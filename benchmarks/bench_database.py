@@ -66,6 +66,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import syncjobs
 from syncjobs.database.dialects import MYSQL, SQLITE, Connector, Dialect
+from syncjobs.database.schema import COMPANIONS
 from syncjobs.ids import new_job_id
 
 TABLE = "syncjobs_bench_jobs"
@@ -380,8 +381,7 @@ def drop_tables(connector: Connector) -> None:
     conn = connector.connect()
     try:
         cursor = conn.cursor()
-        companions = ("_schema", "_workers", "_done", "_finished", "_results")
-        for table in (TABLE, *(f"{TABLE}{suffix}" for suffix in companions), FLOOR_TABLE):
+        for table in (TABLE, *(f"{TABLE}{suffix}" for suffix in COMPANIONS), FLOOR_TABLE):
             cursor.execute(f"DROP TABLE IF EXISTS {table}")
     finally:
         conn.close()

@@ -7,7 +7,9 @@ Per database: a ``DatabaseJobQueue(workers=0)`` dispatches a no-op job, one
 ``INSERT`` of the same columns into the same table (the id from
 ``uuid4()``, the payload from ``json.dumps``). The two take turns call by
 call, so a slow spell of the machine hits both. Shown: each one's median
-time of a call, and their ratio (goal on PostgreSQL: at most 1.2x).
+time of a call, and their ratio (goal on PostgreSQL: at most 1.2x). In the
+same turns, a unique job's ``dispatch()`` (``UNIQUE = Unique("user_id")``):
+with a key no job holds (each call a new one), and a duplicate (a key held).
 
 Then dispatch throughput while workers run: ``--calls`` ``dispatch()`` calls
 from one thread on a queue no worker serves, then (once 2 worker processes of
@@ -32,6 +34,7 @@ import bench_database as bench
 
 import syncjobs
 from syncjobs.database.dialects import Connector
+from syncjobs.database.schema import COMPANIONS
 
 TABLE = "syncjobs_bench_dispatch"
 PAYLOAD = {"user_id": 12345, "template": "welcome", "locale": "en"}
@@ -47,6 +50,12 @@ class Noop(syncjobs.Job):
 
     def run(self) -> None:
         pass
+
+
+@dataclasses.dataclass
+class UniqueNoop(Noop):
+    NAME = "bench.dispatch_unique"
+    UNIQUE = syncjobs.Unique("user_id")
 
 
 def medians_us(calls: dict[str, Callable[[], object]], count: int) -> dict[str, float]:
@@ -65,6 +74,7 @@ def medians_us(calls: dict[str, Callable[[], object]], count: int) -> dict[str, 
 def measure(url: str, count: int) -> dict[str, float]:
     queue = syncjobs.DatabaseJobQueue(url, table=TABLE, workers=0)
     queue.register(Noop)
+    queue.register(UniqueNoop)
     queue.install_schema()
     connector = Connector(url)
     conn = connector.connect()
@@ -81,12 +91,20 @@ def measure(url: str, count: int) -> dict[str, float]:
         cursor.execute(insert, (str(uuid.uuid4()), "default", Noop.NAME, json.dumps(PAYLOAD)))
         cursor.close()
 
+    keys = iter(range(10**9))
+    held = UniqueNoop(**PAYLOAD)
+    calls = {
+        "dispatch": lambda: queue.dispatch(job),
+        "bare": bare,
+        "unique": lambda: queue.dispatch(UniqueNoop(next(keys), "welcome", "en")),
+        "duplicate": lambda: queue.dispatch(held),
+    }
     try:
-        return medians_us({"dispatch": lambda: queue.dispatch(job), "bare": bare}, count)
+        return medians_us(calls, count)
     finally:
         queue.shutdown()
         cursor = conn.cursor()
-        for suffix in ("", "_schema", "_workers", "_done", "_finished"):
+        for suffix in ("", *COMPANIONS):
             cursor.execute(f"DROP TABLE IF EXISTS {TABLE}{suffix}")
         conn.close()
 
@@ -146,6 +164,11 @@ def main() -> None:
                 print(
                     f"  dispatch() {figures['dispatch']:7.1f} us   bare INSERT + commit {figures['bare']:7.1f} us"
                     f"   {ratio:.2f}x",
+                    flush=True,
+                )
+                print(
+                    f"    unique: a new key {figures['unique']:7.1f} us ({figures['unique'] / figures['dispatch']:.2f}x"
+                    f" dispatch()), a duplicate {figures['duplicate']:7.1f} us",
                     flush=True,
                 )
             print(f"{db}: {args.calls:,} dispatch() calls from one thread, alone and beside 2 worker processes")

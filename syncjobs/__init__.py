@@ -13,8 +13,11 @@ from .memory import InMemoryJobQueue
 from .protocols import JobQueue
 from .queue import DEFAULT_SHUTDOWN_GRACE
 from .retry import MAX_BACKOFF, retry_backoff, wait_seconds
+from .scheduler import ScheduleState
+from .schedules import Schedule
 from .settings import connect, from_settings, inmemory_from_settings
 from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
+from .unique import Unique
 from .worker import Outcome, RunReport
 
 __version__ = "0.1.0"
@@ -43,7 +46,10 @@ __all__ = [
     "Retryable",
     "RunInfo",
     "RunReport",
+    "Schedule",
+    "ScheduleState",
     "Task",
+    "Unique",
     "__version__",
     "connect",
     "current_job",

@@ -21,7 +21,9 @@ from .errors import QueueError
 from .job import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Job, check_priority
 from .payload import describe_arguments
 from .retry import retry_backoff, wait_seconds
+from .schedules import Schedule
 from .status import JobHandle
+from .unique import Unique, check_unique
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -67,6 +69,16 @@ class FunctionJob(Job):
 
     def run(self) -> Any:
         return type(self).FUNCTION(*self.args, **self.kwargs)
+
+    def unique_values(self) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults filled in: what ``Unique(...)`` picks from."""
+        bound = _signature(type(self).FUNCTION).bind(*self.args, **self.kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    @classmethod
+    def unique_field_names(cls) -> tuple[str, ...] | None:
+        return tuple(_signature(cls.FUNCTION).parameters)
 
     def retry_wait(self, failed_attempt: int) -> float:
         wait = type(self).RETRY_WAIT
@@ -154,9 +166,11 @@ class Decorate(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class TaskDecorator:
-    """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, retry_wait=…, timeout=…, keep_result=…, priority=…)``.
+    """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, …)``, on a queue or an integration.
 
-    On a queue or an integration.
+    Its options: ``name``, ``max_attempts``, ``retry_wait``, ``timeout``,
+    ``keep_result``, ``priority`` and ``unique`` (a :class:`~syncjobs.Unique`
+    whose fields are the function's parameters).
 
     ``dispatch_options`` names what ``using()`` takes; ``task_options``, the
     part of those the decorator may fix for every dispatch of the task
@@ -169,6 +183,9 @@ class TaskDecorator:
     dispatch_options: frozenset[str]
     #: Those the decorator may fix for every dispatch of the task.
     task_options: frozenset[str] = frozenset()
+    #: ``schedule(name, schedule, job_class, options)`` runs a task periodically (``schedule=``), with the
+    #: decorator's fixed dispatch options (an integration's ``queue=``, say); None where nothing can.
+    schedule: Callable[[str, Schedule, type[FunctionJob], Mapping[str, Any]], None] | None = None
 
     @overload
     def __call__(self, function: Callable[P, R], /) -> Task[P, R]: ...
@@ -185,6 +202,8 @@ class TaskDecorator:
         timeout: float | None = None,
         keep_result: float | None = None,
         priority: int = DEFAULT_PRIORITY,
+        unique: Unique | None = None,
+        schedule: Schedule | None = None,
         **options: Any,
     ) -> Decorate: ...
 
@@ -199,10 +218,22 @@ class TaskDecorator:
         timeout: float | None = None,
         keep_result: float | None = None,
         priority: int = DEFAULT_PRIORITY,
+        unique: Unique | None = None,
+        schedule: Schedule | None = None,
         **options: Any,
     ) -> Task[..., Any] | Decorate:
         shown = frozenset(
-            {"name", "max_attempts", "retry_wait", "timeout", "keep_result", "priority", *self.task_options}
+            {
+                "name",
+                "max_attempts",
+                "retry_wait",
+                "timeout",
+                "keep_result",
+                "priority",
+                "unique",
+                "schedule",
+                *self.task_options,
+            }
         )
         _refuse_unknown(options, self.task_options, "task() got unexpected argument(s)", shown)
         if retry_wait is not None and not callable(retry_wait):  # a tenacity wait is callable too
@@ -211,11 +242,26 @@ class TaskDecorator:
             )
 
         def decorate(function: Callable[P, R]) -> Task[P, R]:
-            check_priority(priority, f"task {name if name is not None else _path(function)}: priority")
+            what = f"task {name if name is not None else _path(function)}"
+            check_priority(priority, f"{what}: priority")
+            declared = check_unique(unique, f"{what}: unique")
+            if declared is not None:
+                declared.check_fields(tuple(_signature(function).parameters), what)
+            if schedule is not None:
+                _check_schedulable(function, schedule, what, self.schedule)
             job_class = _job_class(
-                function, name, max_attempts, retry_wait, timeout=timeout, keep_result=keep_result, priority=priority
+                function,
+                name,
+                max_attempts,
+                retry_wait,
+                timeout=timeout,
+                keep_result=keep_result,
+                priority=priority,
+                unique=unique,
             )
             self.register(job_class)
+            if schedule is not None and self.schedule is not None:
+                self.schedule(job_class.NAME, schedule, job_class, options)
             return Task(function, job_class, self.send, options, self.dispatch_options)
 
         if function is None:
@@ -232,6 +278,7 @@ def _job_class(
     timeout: float | None,
     keep_result: float | None,
     priority: int,
+    unique: Unique | None,
 ) -> type[FunctionJob]:
     if not inspect.isfunction(function):
         raise TypeError(f"task() takes a plain function, got {function!r}")
@@ -249,12 +296,30 @@ def _job_class(
         "TIMEOUT": timeout,
         "KEEP_RESULT": keep_result,
         "PRIORITY": priority,
+        "UNIQUE": unique,
         "FUNCTION": staticmethod(function),
         "__module__": function.__module__,
         "__qualname__": function.__qualname__,
         "__doc__": function.__doc__,
     }
     return type(function.__name__, (FunctionJob,), attributes)
+
+
+def _check_schedulable(
+    function: Callable[..., Any], schedule: object, what: str, add: Callable[..., None] | None
+) -> None:
+    """``TypeError`` unless ``schedule`` is a Schedule that can run here, and the function takes no arguments."""
+    if not isinstance(schedule, Schedule):
+        raise TypeError(f"{what}: schedule must be a syncjobs.Schedule(...), got {schedule!r}")
+    if add is None:
+        raise TypeError(f"{what}: schedule= needs a queue: use queue.task(schedule=...) or queue.schedule(...)")
+    try:
+        _signature(function).bind()
+    except TypeError:
+        raise TypeError(
+            f"{what}: a scheduled task is called with no arguments, and {function.__name__}() needs some; "
+            "use queue.schedule(name, lambda slot: ...) to dispatch it with arguments"
+        ) from None
 
 
 def _refuse_unknown(
@@ -328,6 +393,11 @@ def _checker(function: Callable[..., Any], parameters: list[inspect.Parameter]) 
     # Under the function's own name, so that an error reads "send_welcome() missing …".
     checker.__name__ = checker.__qualname__ = function.__name__
     return checker
+
+
+@functools.cache
+def _signature(function: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(function, follow_wrapped=False)
 
 
 def _path(function: Callable[..., Any]) -> str:

@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 from typing_extensions import Self
 
 from .retry import retry_backoff
+from .unique import Unique, check_unique
 
 DEFAULT_MAX_ATTEMPTS = 5
 #: Priorities run from -100 to 100, higher first (Django's Tasks range and meaning); 0 is the default.
@@ -36,6 +37,8 @@ class Job:
     KEEP_RESULT: ClassVar[float | None] = None
     #: An int from -100 to 100: of the jobs due, those of higher priority run first.
     PRIORITY: ClassVar[int] = DEFAULT_PRIORITY
+    #: ``Unique(...)``: while a job with the same key holds it, a dispatch of another is a duplicate.
+    UNIQUE: ClassVar[Unique | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -50,6 +53,8 @@ class Job:
             check_timeout(cls.TIMEOUT, f"job class {cls.__qualname__}: TIMEOUT")
         if "PRIORITY" in cls.__dict__:
             check_priority(cls.PRIORITY, f"job class {cls.__qualname__}: PRIORITY")
+        if "UNIQUE" in cls.__dict__:
+            check_unique(cls.UNIQUE, f"job class {cls.__qualname__}: UNIQUE")
         if "KEEP_RESULT" in cls.__dict__ and cls.KEEP_RESULT is not None:
             cls.KEEP_RESULT = check_keep_result(cls.KEEP_RESULT, f"job class {cls.__qualname__}: KEEP_RESULT")
 
@@ -80,6 +85,15 @@ class Job:
         job = cls.__new__(cls)
         vars(job).update(data)
         return job
+
+    def unique_values(self) -> dict[str, Any]:
+        """What a ``Unique`` key is made of: the payload (a task's arguments, by parameter name)."""
+        return self.to_payload()
+
+    @classmethod
+    def unique_field_names(cls) -> tuple[str, ...] | None:
+        """The names ``Unique(...)`` may pick from, where they are known before any dispatch (else None)."""
+        return _init_field_names(cls)
 
     def retry_wait(self, failed_attempt: int) -> float:
         """Seconds to wait before retrying after the 0-based run ``failed_attempt``.

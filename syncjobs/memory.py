@@ -20,6 +20,7 @@ from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from .ready import ReadyQueue
 from .status import DEFAULT_KEEP_RESULT, JobStatus, Progress, State, decode_result, utc
 from .timers import TimerHeap
+from .unique import UniqueKey
 
 logger = logging.getLogger("syncjobs")
 
@@ -52,6 +53,18 @@ _PRUNE_CANCELLED_AT = 1_000
 
 #: In ``MemoryStore._started`` for a job cancelled while it waited: its claim drops it.
 _CANCELLED = -1.0
+
+
+#: Keys held before those no job holds any more are forgotten (then twice as many as are still held).
+_UNIQUE_PRUNE_AT = 1_000
+
+
+class _Holder(NamedTuple):
+    """The job that took a unique key, how the key holds, and until when (store clock) for ``seconds=``."""
+
+    job_id: str
+    holds: str
+    expires: float | None
 
 
 def _json(progress: Progress | None) -> str | None:
@@ -92,13 +105,50 @@ class MemoryStore:
         self._finish_waiters = 0
         #: Waiting jobs cancel() ended since the timers were last pruned of them.
         self._cancelled_since_prune = 0
+        # Unique jobs' keys (SHA-256 hex) and the jobs that took them.
+        self._unique: dict[str, _Holder] = {}
+        self._unique_lock = threading.Lock()
+        self._unique_prune_at = _UNIQUE_PRUNE_AT
 
-    def put(self, envelope: Envelope, delay: float) -> None:
+    def put(self, envelope: Envelope, delay: float, unique: UniqueKey | None = None) -> str | None:
+        if unique is not None:
+            return self._put_unique(envelope, delay, unique)
         self._unfinished[envelope.id] = envelope
         if delay > 0:
             self.timers.push(self._clock() + delay, envelope)
         else:
             self._ready.put(envelope)
+        return None
+
+    def _put_unique(self, envelope: Envelope, delay: float, unique: UniqueKey) -> str | None:
+        # Under the lock every dispatch of a unique job takes: the check and the
+        # put are one step, so two dispatchers of one key never both enqueue.
+        with self._unique_lock:
+            holder = self._unique.get(unique.digest)
+            if holder is not None and self._holds(holder):
+                return holder.job_id
+            expires = None if unique.seconds is None else self._clock() + unique.seconds
+            self._unique[unique.digest] = _Holder(envelope.id, unique.holds, expires)
+            self.put(envelope, delay)
+            if len(self._unique) >= self._unique_prune_at:
+                self._prune_unique()
+        return None
+
+    def _holds(self, holder: _Holder) -> bool:
+        """Whether the job ``holder`` names holds its key still (see ``syncjobs.Unique``)."""
+        if holder.expires is not None:
+            return self._clock() < holder.expires
+        if holder.job_id not in self._unfinished:
+            return False
+        started = self._started.get(holder.job_id)
+        if holder.holds == "queued":
+            return started is None  # waiting, not running nor cancelled
+        return started is not _CANCELLED
+
+    def _prune_unique(self) -> None:
+        """Forget the keys no job holds any more, once they are many; under ``_unique_lock``."""
+        self._unique = {digest: holder for digest, holder in self._unique.items() if self._holds(holder)}
+        self._unique_prune_at = max(_UNIQUE_PRUNE_AT, 2 * len(self._unique))
 
     def claim(self, stopping: threading.Event) -> Envelope | None:
         item = self._ready.get()

@@ -12,6 +12,7 @@ from typing_extensions import Self
 from .dead_letters import DeadLetterCallback
 from .envelope import Envelope
 from .status import JobHandle, JobStatus, Progress
+from .unique import UniqueKey
 
 if TYPE_CHECKING:
     from .function_tasks import TaskDecorator
@@ -98,7 +99,8 @@ class JobQueue(Protocol):
 class QueueStore(Store, Protocol):
     """A store as a queue drives it: the worker loop's calls plus intake and lifecycle."""
 
-    def put(self, envelope: Envelope, delay: float) -> None: ...
+    def put(self, envelope: Envelope, delay: float, unique: UniqueKey | None = None) -> str | None:
+        """Enqueue the envelope; with ``unique``, only if no other job holds that key: else the holder's id."""
 
     def status(self, job_id: str) -> JobStatus | None: ...
 

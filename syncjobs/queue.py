@@ -8,25 +8,28 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar
 
-from typing_extensions import Self
+from typing_extensions import Self, Unpack
 
 from .context import carried_context
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope, PrioritizedEnvelope
 from .errors import QueueError
 from .exit_hooks import exit_watch
-from .function_tasks import TaskDecorator
+from .function_tasks import FunctionJob, TaskDecorator
 from .hooks import DispatchHook, DispatchHooks
 from .ids import new_job_id
-from .job import DEFAULT_PRIORITY, Job, check_keep_result, check_priority, check_timeout
+from .job import DEFAULT_PRIORITY, MAX_NAME_LENGTH, Job, check_keep_result, check_priority, check_timeout
 from .payload import encode
 from .protocols import C, Delay, J, QueueStore
 from .registry import JobFinder, Registry
-from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, handle_type, wait_for_result
+from .scheduler import JobMaker, MemoryRecords, Periodic, Scheduler, ScheduleRecords, ScheduleState, slot_key
+from .schedules import Schedule, When
+from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, handle_type, utc, wait_for_result
+from .unique import UniqueKey
 from .worker import RunLimit, RunObserver, RunWrapper, WorkerPool
 
 logger = logging.getLogger("syncjobs")
@@ -45,7 +48,8 @@ class Prepared:
 
     id: str
     name: str
-    submit: Callable[[], None]
+    #: Enqueues the job; for a unique job whose key another holds by then, enqueues nothing and returns that one's id.
+    submit: Callable[[], str | None]
 
 
 class StoreQueue:
@@ -56,6 +60,8 @@ class StoreQueue:
     cancels_only_here: ClassVar[bool] = True
     #: The keyword arguments ``dispatch()`` takes after the job (what a task's ``using()`` takes).
     dispatch_options: ClassVar[frozenset[str]] = frozenset({"delay", "run_at", "priority"})
+    #: Where unique jobs' keys hold: one store's jobs (in memory), one queue's of a table.
+    unique_scope: str = ""
 
     def __init__(
         self,
@@ -93,8 +99,10 @@ class StoreQueue:
         # handler calling shutdown() in the middle of start() cannot deadlock.
         self._lifecycle = threading.RLock()
         self._handle_type = handle_type(self)
+        self._duplicate_type = handle_type(self, duplicate=True)
         #: Where dispatches go instead while a test diverts them (see ``divert_dispatches``).
         self._diverted_to: StoreQueue | None = None
+        self._scheduler = Scheduler(self._dispatch_slot, self._schedule_records())
         exit_watch.watch(self)
 
     def share_jobs_of(self, other: StoreQueue) -> None:
@@ -133,7 +141,7 @@ class StoreQueue:
         defaults to the function's dotted path; give a stable ``name=`` if the
         function may move or be renamed while calls of it are queued.
         """
-        return TaskDecorator(self.register, self.dispatch, self.dispatch_options)
+        return TaskDecorator(self.register, self.dispatch, self.dispatch_options, schedule=self._schedule_task)
 
     def dispatch(
         self,
@@ -151,9 +159,92 @@ class StoreQueue:
         """
         if self._diverted_to is not None:
             return self._diverted_to.dispatch(job, delay=delay, run_at=run_at, priority=priority)
-        envelope, seconds = self._checked(job, delay, run_at, priority)
-        self._store.put(envelope, seconds)
-        return self._handle_type(envelope.id)
+        envelope, seconds, unique = self._checked(job, delay, run_at, priority)
+        return self.handle_of(envelope.name, envelope.id, self._store.put(envelope, seconds, unique))
+
+    def handle_of(self, name: str, job_id: str, holder: str | None) -> JobHandle:
+        """What a dispatch returns: its job's handle or, if ``holder`` held its unique key, that one's (a duplicate)."""
+        if holder is None:
+            return self._handle_type(job_id)
+        logger.debug("job %s (%s): a duplicate of %s, which holds its unique key; not enqueued", name, job_id, holder)
+        return self._duplicate_type(holder)
+
+    # -- periodic jobs ------------------------------------------------------------
+
+    def schedule(self, name: str, job: Job | JobMaker, **when: Unpack[When]) -> None:
+        """Dispatch ``job`` at every slot of a ``cron`` expression (in time zone ``tz``) or ``every`` N seconds.
+
+        ``job`` is a job, or a function of the slot (an aware datetime in
+        ``tz``) that makes one. ``name`` is the schedule's stable name: its
+        slots are recorded under it. Each process that runs this queue's
+        workers dispatches the slots; one job per slot is enqueued, whatever
+        the number of processes. ``when`` is :class:`~syncjobs.Schedule`'s
+        arguments (``cron``, ``every``, ``tz``, ``catch_up``, ``grace``).
+        """
+        self.add_schedule(name, Schedule(**when), job)
+
+    def add_schedule(self, name: str, schedule: Schedule, job: Job | JobMaker) -> None:
+        """:meth:`schedule` with a :class:`~syncjobs.Schedule` made already."""
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_LENGTH or not name.isprintable():
+            raise QueueError(f"a schedule's name must be 1 to {MAX_NAME_LENGTH} printable characters, got {name!r}")
+        if not isinstance(schedule, Schedule):
+            raise TypeError(f"schedule {name!r}: expected a syncjobs.Schedule, got {schedule!r}")
+        if isinstance(job, Job):
+            made = job
+            maker: JobMaker = lambda slot: made  # noqa: E731 - the same job at every slot
+        elif callable(job):
+            maker = job
+        else:
+            raise TypeError(f"schedule {name!r}: job must be a syncjobs.Job or a function of the slot, got {job!r}")
+        periodic = Periodic(name, schedule, maker)
+        if self._pool.started:  # else start() checks it
+            self._check_schedules([periodic])
+        self._scheduler.add(periodic)
+
+    def _schedule_task(
+        self, name: str, schedule: Schedule, job_class: type[FunctionJob], options: Mapping[str, Any]
+    ) -> None:
+        self.add_schedule(name, schedule, lambda slot: job_class([], {}))
+
+    def schedules(self) -> list[ScheduleState]:
+        """This queue's schedules, with the last slot dispatched (by any process) and the next one."""
+        last = self._scheduler_records().last_slots()
+        states = []
+        for each in self._scheduler.periodic():
+            at = last.get(each.name)
+            following = each.schedule.next_after(time.time() if at is None else max(at, time.time() - 1e-6))
+            states.append(ScheduleState(each.name, each.schedule.describe(), utc(at), utc(following)))
+        return states
+
+    def _schedule_records(self) -> ScheduleRecords:
+        """Where this queue keeps its schedules' last slots: its process's memory; a table, on a database."""
+        return MemoryRecords()
+
+    def _scheduler_records(self) -> ScheduleRecords:
+        return self._scheduler.records
+
+    def _dispatch_slot(self, periodic: Periodic, slot: float) -> JobHandle:
+        """Dispatch the job of one slot under the slot's unique key: the first process to do so enqueues it."""
+        job = periodic.job_for(slot)
+        envelope, _, _ = self._checked(job, None, None, None)
+        holder = self._store.put(envelope, 0.0, slot_key(self.unique_scope, periodic.name, slot))
+        if holder is None:
+            logger.debug(
+                "schedule %r: dispatched job %s (%s) for %s",
+                periodic.name,
+                envelope.name,
+                envelope.id,
+                periodic.schedule.local(slot).isoformat(),
+            )
+        return self.handle_of(envelope.name, envelope.id, holder)
+
+    def _check_schedules(self, periodic: Iterable[Periodic] | None = None) -> None:
+        """Each schedule makes a job this queue can dispatch: refused at start() if not, naming the schedule."""
+        for each in self._scheduler.periodic() if periodic is None else periodic:
+            try:
+                new_envelope(self._registry, each.job_for(each.schedule.next_after(time.time())))
+            except QueueError as exc:
+                raise QueueError(f"schedule {each.name!r}: {exc.message}") from exc
 
     def divert_dispatches(self, to: StoreQueue | None) -> StoreQueue | None:
         """Make every dispatch through this queue (and its tasks) on ``to`` instead; None ends it. Returns the last.
@@ -223,17 +314,18 @@ class StoreQueue:
         """
         if self._diverted_to is not None:
             return self._diverted_to.prepare(job, delay=delay, run_at=run_at, priority=priority)
-        envelope, seconds = self._checked(job, delay, run_at, priority)
-        return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds))
+        envelope, seconds, unique = self._checked(job, delay, run_at, priority)
+        return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds, unique))
 
     def _checked(
         self, job: Job, delay: Delay, run_at: datetime.datetime | None, priority: int | None
-    ) -> tuple[Envelope, float]:
-        """The job's envelope and delay in seconds, or ``QueueError`` naming the job."""
+    ) -> tuple[Envelope, float, UniqueKey | None]:
+        """The job's envelope, delay in seconds and unique key, or ``QueueError`` naming the job."""
         envelope = self._new_envelope(job, priority)
         seconds = delay_seconds(envelope.name, delay, run_at)
+        unique = unique_key(job, self.unique_scope)
         self._check_envelope(envelope)
-        return envelope, seconds
+        return envelope, seconds, unique
 
     def _new_envelope(self, job: Job, priority: int | None = None) -> Envelope:
         """``job`` checked and wrapped, inside the dispatch hooks (where the caller's context is copied)."""
@@ -255,14 +347,17 @@ class StoreQueue:
             if held and self._pool.started:
                 raise QueueError("start(held=True): this queue's workers run already")
             if not self._pool.started:
+                self._check_schedules()
                 try:
                     self._store.open()
                     self._pool.start(held=held)
+                    self._scheduler.start()
                 except BaseException:
                     # Some threads may have started, and a worker taken a job,
                     # before one could not (no thread may start once the
                     # interpreter exits): stop them as shutdown() would, so a
                     # failed start() leaves nothing running and nothing taken.
+                    self._scheduler.stop()
                     try:
                         self._pool.shutdown(self.shutdown_grace)
                     finally:
@@ -282,6 +377,7 @@ class StoreQueue:
             # a moment, to hand back the jobs claimed for no one).
             deadline = time.monotonic() + grace
             try:
+                self._scheduler.stop()
                 self._pool.shutdown(grace)
                 self._store.close(max(deadline, time.monotonic() + _CLOSE_AT_LEAST))
             finally:
@@ -297,6 +393,7 @@ class StoreQueue:
             return
         with self._lifecycle:
             try:
+                self._scheduler.stop(timeout=_CLOSE_AT_EXIT)
                 handed_back = self._pool.shutdown(0.0)
                 self._store.close(time.monotonic() + _CLOSE_AT_EXIT)
             finally:
@@ -437,6 +534,12 @@ def new_envelope(registry: Registry, job: Job, priority: int | None = None) -> E
     return PrioritizedEnvelope(
         new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context(), priority
     )
+
+
+def unique_key(job: Job, scope: str) -> UniqueKey | None:
+    """The key of a job whose class declares ``UNIQUE``, in ``scope``; ``QueueError`` naming the job if none."""
+    unique = type(job).UNIQUE
+    return None if unique is None else unique.key_of(type(job).NAME, job.unique_values(), scope)
 
 
 def delay_seconds(name: str, delay: Delay, run_at: datetime.datetime | None = None) -> float:

@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from .errors import QueueError
 from .job import Job, check_max_attempts, check_name, check_timeout
+from .unique import check_unique
 
 J = TypeVar("J", bound=type[Job])
 
@@ -36,6 +37,9 @@ class Registry:
         name = check_name(job_cls)
         check_max_attempts(job_cls)
         check_timeout(job_cls.TIMEOUT, f"job class {job_cls.__qualname__}: TIMEOUT")
+        unique = check_unique(job_cls.UNIQUE, f"job class {job_cls.__qualname__}: UNIQUE")
+        if unique is not None:  # a field the class does not have, where its fields are known
+            unique.check_fields(job_cls.unique_field_names(), f"job class {job_cls.__qualname__}")
         with self._lock:
             taken = self._by_name.setdefault(name, job_cls)
         if taken is not job_cls:

@@ -140,6 +140,8 @@ class JobHandle(str):
 
     __slots__ = ()
     _source: ClassVar[StatusSource]
+    #: True for what a dispatch of a unique job returned when another held its key: that job's handle.
+    duplicate: ClassVar[bool] = False
 
     @property
     def id(self) -> str:
@@ -161,12 +163,21 @@ class JobHandle(str):
         return str, (self.id,)
 
     def __repr__(self) -> str:
-        return f"JobHandle({self.id!r})"
+        return f"JobHandle({self.id!r}, duplicate=True)" if self.duplicate else f"JobHandle({self.id!r})"
 
 
-def handle_type(source: StatusSource) -> type[JobHandle]:
-    """The class of ``source``'s handles: ``handle_type(queue)(job_id)`` is a handle of that queue's job."""
-    namespace = {"__slots__": (), "_source": source, "__module__": __name__, "__qualname__": "JobHandle"}
+def handle_type(source: StatusSource, *, duplicate: bool = False) -> type[JobHandle]:
+    """The class of ``source``'s handles: ``handle_type(queue)(job_id)`` is a handle of that queue's job.
+
+    ``duplicate``: of the handles a duplicate dispatch returns (the holder's).
+    """
+    namespace = {
+        "__slots__": (),
+        "_source": source,
+        "duplicate": duplicate,
+        "__module__": __name__,
+        "__qualname__": "JobHandle",
+    }
     return type("JobHandle", (JobHandle,), namespace)
 
 

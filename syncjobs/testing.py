@@ -137,10 +137,13 @@ class TestQueue(InMemoryJobQueue):
             type(job).PRIORITY if priority is None else priority,
         )
 
-        def submit() -> None:
+        def submit() -> str | None:
+            # Under the lock: what a run it starts dispatches is recorded after it. A duplicate is not.
             with self._record_lock:
-                self.dispatched.append(record)
-            prepared.submit()
+                holder = prepared.submit()
+                if holder is None:
+                    self.dispatched.append(record)
+            return holder
 
         return Prepared(prepared.id, prepared.name, submit)
 
@@ -153,8 +156,7 @@ class TestQueue(InMemoryJobQueue):
         priority: int | None = None,
     ) -> Any:
         prepared = self.prepare(job, delay=delay, run_at=run_at, priority=priority)
-        prepared.submit()
-        return self.handle(prepared.id)
+        return self.handle_of(prepared.name, prepared.id, prepared.submit())
 
     def dispatched_of(self, kind: type[Job] | Task[..., Any] | str) -> list[dict[str, Any]]:
         """The payloads (as they travel, in JSON) of the jobs of ``kind`` dispatched so far, in order.

@@ -276,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ledger-url", help="where the ledger writes (default: URL)")
     parser.add_argument("--poll-interval", type=float, default=0.2)
     parser.add_argument("--log-level", help="the library's logs from this level on, on stderr, with their levels")
+    parser.add_argument(
+        "--schedule-every",
+        type=float,
+        help="a schedule 'tests.tick': a LedgerJob numbered by its slot, every N seconds",
+    )
     args = parser.parse_args(argv)
     if args.log_level:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
@@ -295,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     queue.register(KillerJob)
     queue.register(SumJob)
     queue.register(WaitJob)
+    if args.schedule_every:
+        queue.schedule(
+            "tests.tick", lambda slot: LedgerJob(args.queue, int(slot.timestamp())), every=args.schedule_every
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     queue.start()

@@ -621,7 +621,8 @@ def test_prune_deletes_what_workers_delete_as_they_go_for_every_queue(db_url: st
     assert code == 0, err
     assert re.fullmatch(
         r"pruned 1 expired record\(s\) of done jobs, 1 cancelled job\(s\), [1-9]\d* id\(s\) of jobs finished over "
-        r"an hour ago, \d+ row\(s\) of workers gone and [1-9]\d* done count\(s\) over an hour old\n",
+        r"an hour ago, \d+ row\(s\) of workers gone, [1-9]\d* done count\(s\) over an hour old and 0 unique "
+        r"key\(s\) no job holds\n",
         out,
     ), out
     assert execute(db_url, f"SELECT COUNT(*) FROM {table}_results")[0][0] == 0  # past its keep_result

@@ -21,7 +21,7 @@ import pytest
 
 import syncjobs
 from syncjobs.database.dialects import SQLITE, Connector, dialect_for
-from syncjobs.database.schema import SCHEMA_VERSION, ddl
+from syncjobs.database.schema import COMPANIONS, SCHEMA_VERSION, ddl
 from syncjobs.errors import JobFailed
 from tests.conftest import JOB_CLASSES, TEST_TABLE
 from tests.dbworker import Ledger, LedgerJob, OnceLedgerJob, Run, Workers, dispatch_ledger_jobs
@@ -63,13 +63,13 @@ def install_tables(url: str, table: str) -> None:
 
 
 def drop_tables(url: str, table: str) -> None:
-    for suffix in ("", "_schema", "_workers", "_done", "_finished", "_results"):
+    for suffix in ("", *COMPANIONS):
         execute(url, f"DROP TABLE IF EXISTS {table}{suffix}")
 
 
 def old_ddl(url: str, table: str, version: int) -> list[str]:
     """The statements an earlier schema version ran (each version only added to what was there)."""
-    added = {2: ("_workers", "_done"), 3: ("_finished",), 4: ("_results",)}
+    added = {2: ("_workers", "_done"), 3: ("_finished",), 4: ("_results",), 7: ("_unique",), 8: ("_schedules",)}
     later = [suffix for since, suffixes in added.items() if since > version for suffix in suffixes]
     statements = [s for s in ddl(dialect_for(url), table) if not any(f"{table}{suffix} " in s for suffix in later)]
     statements = [s for s in statements if not any(f"{table}{suffix}_" in s for suffix in later)]
@@ -462,9 +462,9 @@ def test_a_table_name_that_is_not_an_identifier_is_refused(table: str) -> None:
 
 
 def test_a_table_name_leaves_room_for_its_companions() -> None:
-    syncjobs.DatabaseJobQueue("sqlite:///unused.db", table="t" * 55)
-    with pytest.raises(syncjobs.QueueError, match=r"too long: at most 55 characters"):
-        syncjobs.DatabaseJobQueue("sqlite:///unused.db", table="t" * 56)
+    syncjobs.DatabaseJobQueue("sqlite:///unused.db", table="t" * 54)
+    with pytest.raises(syncjobs.QueueError, match=r"too long: at most 54 characters"):
+        syncjobs.DatabaseJobQueue("sqlite:///unused.db", table="t" * 55)
 
 
 def test_a_queue_name_is_checked_and_only_ever_bound() -> None:

@@ -31,6 +31,7 @@ import pytest
 import syncjobs
 from syncjobs.database.connections import DEFAULT_POOL_SIZE, Connections, _Connection, _Watchdog
 from syncjobs.database.dialects import MYSQL, POSTGRES, Connector
+from syncjobs.database.schema import COMPANIONS
 from tests.conftest import TEST_TABLE
 from tests.faultproxy import FaultProxy
 from tests.helpers import WAIT, Probe, ProbeJob, wait_until
@@ -594,11 +595,11 @@ def test_a_deadlock_is_tried_again_on_the_same_connection_and_not_taken_for_an_o
 
 
 @pytest.mark.parametrize("server_url", ["postgresql"], indirect=True)
-def test_a_55_character_table_name_dispatches_and_is_picked_up(
+def test_a_54_character_table_name_dispatches_and_is_picked_up(
     server_url: str, queues: list[syncjobs.DatabaseJobQueue]
 ) -> None:
-    table = "syncjobs_long_" + "x" * 41
-    assert len(table) == 55
+    table = "syncjobs_long_" + "x" * 40
+    assert len(table) == 54
     try:
         queue = make(server_url, queues, table=table, workers=1, poll_interval=30.0)
         probe = Probe()
@@ -610,7 +611,7 @@ def test_a_55_character_table_name_dispatches_and_is_picked_up(
     finally:
         for queue in queues:
             queue.shutdown(grace=0)
-        for suffix in ("", "_schema", "_workers", "_done", "_finished", "_results"):
+        for suffix in ("", *COMPANIONS):
             query(server_url, f"DROP TABLE IF EXISTS {table}{suffix}")
 
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -424,3 +425,27 @@ def test_hooks_on_the_extension_reach_every_apps_queues_inside_their_app_context
         ("flaskapp.greet", syncjobs.Outcome.DONE, "one"),
         ("flaskapp.greet", syncjobs.Outcome.DONE, "two"),
     ]
+
+
+def test_a_schedule_on_the_extension_runs_on_the_queue_it_names_in_the_apps_context() -> None:
+    extension = SyncJobs()
+    ran: list[tuple[str, str]] = []
+    beat_seen = threading.Event()
+
+    @extension.task(name="tests.flask.beat", queue="beats", schedule=syncjobs.Schedule(every=1))
+    def beat() -> None:
+        ran.append(("task", current_app.name))
+        beat_seen.set()
+
+    app = Flask("scheduled")
+    app.config.update(SYNCJOBS_EMBEDDED=True, SYNCJOBS_QUEUES=["default", "beats"])
+    extension.init_app(app)
+    try:
+        with app.app_context():
+            assert [s.name for s in state(app).queue("beats").schedules()] == ["tests.flask.beat"]
+            assert state(app).queue("default").schedules() == []  # only the queue it names
+            state(app).start()
+        assert beat_seen.wait(WAIT)
+    finally:
+        state(app).shutdown()
+    assert ran[0] == ("task", "scheduled")

@@ -15,6 +15,7 @@ from typing import ClassVar
 import pytest
 
 import syncjobs
+from syncjobs.database.schema import SCHEMA_VERSION
 from syncjobs.envelope import Envelope, PrioritizedEnvelope
 from syncjobs.ready import ReadyQueue
 from tests.conftest import TEST_TABLE, Backend, QueueFactory
@@ -376,7 +377,7 @@ def test_a_populated_version_5_table_gains_priorities_and_runs_its_jobs(db_url: 
         )
         for label in range(3):
             execute(db_url, insert, (str(uuid.uuid4()), f'{{"label": {label}, "priority": 0}}', float(label)))
-        with pytest.raises(syncjobs.QueueError, match=r"version 5, this syncjobs needs 6"):
+        with pytest.raises(syncjobs.QueueError, match=rf"version 5, this syncjobs needs {SCHEMA_VERSION}"):
             queue.start()
         # What `syncjobs migrate --sql` prints for this table, run by hand as a team that runs its own
         # migrations would: it adds the columns (then the index on them) and records the version.
@@ -389,7 +390,7 @@ def test_a_populated_version_5_table_gains_priorities_and_runs_its_jobs(db_url: 
         assert planned.index(added[-1]) < planned.index(ready) < planned.index(retired)
         for statement in planned:
             execute(db_url, statement)
-        assert queue.admin.migrate() == 6  # nothing left to do
+        assert queue.admin.migrate() == SCHEMA_VERSION  # nothing left to do
         assert not [s for s in queue.admin.ddl() if s.startswith("ALTER TABLE") and " ADD " in s]
         assert "priority" in columns(db_url, table)
         assert execute(db_url, f"SELECT DISTINCT priority FROM {table}") == [(0,)]

@@ -92,6 +92,7 @@ TABLE_COMMANDS = {
     "cancel": "cancel jobs: a waiting one never runs, a running one is asked to stop",
     "dead": "list, show, retry and purge dead letters",
     "prune": "delete what workers delete as they go, for queues no worker serves",
+    "schedules": "the periodic jobs' schedules: when each ran last and runs next",
 }
 
 
@@ -200,6 +201,14 @@ def add_table_commands(
         help="cancelled jobs finished at least this long ago: 90s, 15m, 12h, 7d (default 10m, as keep_result)",
     )
     prune.set_defaults(handler=inspect.prune)
+
+    schedules = add(
+        "schedules",
+        "List every queue's periodic jobs as the workers recorded them: the schedule (a cron "
+        "expression and its time zone, or an interval), the last slot dispatched and the next.",
+    )
+    schedules.add_argument("--json", action="store_true", help="a JSON list, for machines")
+    schedules.set_defaults(handler=inspect.schedules)
 
 
 def table_commands_parser(prog: str, description: str) -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -10,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from ..database.admin import DeadRow, Stats, TableAdmin
+from ..database.admin import DeadRow, ScheduleRow, Stats, TableAdmin
 from ..database.dialects import SQLITE, dialect_for
 from ..database.sqlite import database_file
 from ..errors import QueueError
@@ -122,6 +123,7 @@ def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str 
         snapshot = Stats(
             [q for q in snapshot.queues if q.queue == only_queue],
             [w for w in snapshot.workers if w.queue == only_queue],
+            [s for s in snapshot.schedules if s.queue == only_queue],
         )
     if as_json:
         out.write(json.dumps(snapshot.to_dict()) + "\n")
@@ -155,6 +157,9 @@ def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str 
             for w in snapshot.workers
         ]
         out.write(render(("HOST", "PID", "QUEUE", "THREADS", "UP", "HEARTBEAT"), workers, numeric=(1, 3)))
+    if snapshot.schedules:
+        out.write(f"\n{len(snapshot.schedules)} schedule(s)\n")
+        print_schedules(snapshot.schedules, out)
     served = {w.queue for w in snapshot.workers}
     for q in snapshot.queues:
         if q.running and q.queue not in served:
@@ -163,6 +168,40 @@ def print_stats(snapshot: Stats, as_json: bool, out: TextIO, *, only_queue: str 
                 f"{'them' if q.running > 1 else 'it'} stopped or died, and a worker of the queue takes "
                 f"{'them' if q.running > 1 else 'it'} back once the lease expires\n"
             )
+
+
+def print_schedules(rows: list[ScheduleRow], out: TextIO) -> None:
+    table = [(s.queue, s.name, s.description, _last(s), _next(s)) for s in rows]
+    out.write(render(("QUEUE", "SCHEDULE", "WHEN", "LAST RUN", "NEXT RUN"), table))
+
+
+def _last(row: ScheduleRow) -> str:
+    if row.last_slot is None or row.last_age is None:
+        return "never"
+    return f"{_when(row.last_slot)} ({human_seconds(row.last_age)} ago)"
+
+
+def _next(row: ScheduleRow) -> str:
+    # A slot a few seconds past is being dispatched; one long past has no worker of its queue to dispatch it.
+    late = -row.next_in
+    due = f"in {human_seconds(max(0.0, row.next_in))}" if late < 5 else f"due {human_seconds(late)} ago: no worker up?"
+    return f"{_when(row.next_slot)} ({due})"
+
+
+def schedules(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    admin = open_admin(args)
+    try:
+        rows = admin.schedules()
+    finally:
+        admin.close()
+    if args.json:
+        out.write(json.dumps([dataclasses.asdict(row) for row in rows]) + "\n")
+    elif rows:
+        print_schedules(rows, out)
+    else:
+        out.write("no schedules: a queue's schedules are listed once a worker of the queue has started\n")
+    return 0
 
 
 # -- one job ---------------------------------------------------------------------------
@@ -292,8 +331,8 @@ def prune(args: argparse.Namespace, out: TextIO | None = None) -> int:
         admin.close()
     out.write(
         f"pruned {pruned.records} expired record(s) of done jobs, {pruned.cancelled} cancelled job(s), "
-        f"{pruned.finished_ids} id(s) of jobs finished over an hour ago, {pruned.workers} row(s) of workers gone "
-        f"and {pruned.done_counts} done count(s) over an hour old\n"
+        f"{pruned.finished_ids} id(s) of jobs finished over an hour ago, {pruned.workers} row(s) of workers gone, "
+        f"{pruned.done_counts} done count(s) over an hour old and {pruned.unique_keys} unique key(s) no job holds\n"
     )
     return 0
 

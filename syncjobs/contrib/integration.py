@@ -30,6 +30,8 @@ from ..exit_hooks import before_threads_join
 from ..hooks import DispatchHook
 from ..job import Job
 from ..queue import StoreQueue, shutdown_in_turn
+from ..scheduler import JobMaker
+from ..schedules import Schedule
 from ..worker import RunObserver, RunWrapper, log_run
 
 logger = logging.getLogger("syncjobs")
@@ -46,6 +48,8 @@ class JobSetup:
         self._steps: list[Callable[[StoreQueue, RunWrapper], object]] = []
         #: Each queue applied to, with what its runs and callbacks happen inside.
         self._queues: weakref.WeakKeyDictionary[StoreQueue, RunWrapper] = weakref.WeakKeyDictionary()
+        #: Each queue's name in the integration, and the name a schedule without one goes to.
+        self._names: weakref.WeakKeyDictionary[StoreQueue, tuple[str, str]] = weakref.WeakKeyDictionary()
 
     def register(self, job_cls: type[Job]) -> None:
         with self._lock:
@@ -72,6 +76,18 @@ class JobSetup:
             raise TypeError(f"on_dead_letter() takes a callable, got {callback!r}")
         self._add(lambda queue, around: queue.on_dead_letter(_inside(around, callback)))
 
+    def schedule(self, name: str, schedule: Schedule, job: Job | JobMaker, queue: str | None) -> None:
+        """Run ``job`` on ``schedule`` on the queue named ``queue`` (None: the default), in each process running it."""
+        if not isinstance(schedule, Schedule):
+            raise TypeError(f"schedule {name!r}: expected a syncjobs.Schedule, got {schedule!r}")
+
+        def add(each: StoreQueue, _: RunWrapper) -> None:
+            own, default = self._names.get(each, ("", ""))
+            if own == (queue or default):
+                each.add_schedule(name, schedule, job)
+
+        self._add(add)
+
     def _add(self, step: Callable[[StoreQueue, RunWrapper], object]) -> None:
         """Do ``step`` to every queue applied to so far, and to each applied to from now on."""
         with self._lock:
@@ -80,15 +96,18 @@ class JobSetup:
         for queue, around in queues:
             step(queue, around)
 
-    def apply(self, queue: StoreQueue, around: RunWrapper) -> StoreQueue:
+    def apply(self, queue: StoreQueue, around: RunWrapper, *, name: str = "", default: str = "") -> StoreQueue:
         """Give ``queue`` everything registered so far, and what is registered from now on.
 
         Its runs, observers and dead-letter callbacks happen inside ``around()``
-        (a Flask app context, Django's connection housekeeping), the outermost wrapper.
+        (a Flask app context, Django's connection housekeeping), the outermost
+        wrapper. ``name`` is its name in the integration; ``default``, the
+        default queue's (where a schedule that names none runs).
         """
         queue.wrap_runs(around)
         with self._lock:
             self._queues[queue] = around
+            self._names[queue] = (name, default)
             steps = list(self._steps)
         for step in steps:
             step(queue, around)

@@ -20,6 +20,7 @@ from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
 from .fetcher import row_priority
 from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT, SCHEMA_VERSION, install, record_version
+from .unique_keys import UniqueKeys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +47,25 @@ class WorkerInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScheduleRow:
+    """A periodic job's schedule as the table records it: the last slot a process dispatched, and the next."""
+
+    queue: str
+    name: str
+    description: str
+    #: None: no process has dispatched a slot yet.
+    last_slot: float | None
+    next_slot: float
+    #: Seconds since the last slot and until the next, by the database's clock (negative: overdue).
+    last_age: float | None
+    next_in: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Stats:
     queues: list[QueueCounts]
     workers: list[WorkerInfo]
+    schedules: list[ScheduleRow] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -84,6 +101,8 @@ class Pruned:
     finished_ids: int
     workers: int
     done_counts: int
+    #: Unique jobs' keys no job holds any more.
+    unique_keys: int = 0
 
 
 class TableAdmin:
@@ -117,8 +136,9 @@ class TableAdmin:
         connect_args: Mapping[str, Any] | None = None,
     ) -> TableAdmin:
         """An admin of its own connections (``connect_args`` as a queue takes them); :meth:`close` them when done."""
-        check_table(table)
-        return cls(Connections(Connector(url, connect_args)), table=table, timeout=timeout)
+        connector = Connector(url, connect_args)
+        check_table(table, connector.dialect)
+        return cls(Connections(connector), table=table, timeout=timeout)
 
     def close(self) -> None:
         """Close the connections this admin's process opened (a queue's admin: the queue's)."""
@@ -246,7 +266,28 @@ class TableAdmin:
         ]
         for worker in workers:
             counts.setdefault(worker.queue, {})
-        return Stats([QueueCounts(queue, **counts[queue]) for queue in sorted(counts)], workers)
+        queues = [QueueCounts(queue, **counts[queue]) for queue in sorted(counts)]
+        return Stats(queues, workers, self.schedules())
+
+    def schedules(self, *, queue: str | None = None) -> list[ScheduleRow]:
+        """The periodic jobs' schedules recorded (by the processes that ran them), of one queue or all."""
+        rows = self._run(self._sql(queries.SCHEDULES_LIST, queue), _with_queue((), queue))
+        found = []
+        for queue_name, name, text, last, following, now in rows:
+            last_slot = None if last is None else float(last)
+            age = None if last_slot is None else float(now) - last_slot
+            found.append(
+                ScheduleRow(
+                    str(queue_name),
+                    str(name),
+                    str(text),
+                    last_slot,
+                    float(following),
+                    age,
+                    float(following) - float(now),
+                )
+            )
+        return found
 
     # -- dead letters --------------------------------------------------------------
 
@@ -286,7 +327,7 @@ class TableAdmin:
 
         def delete(cursor: Any) -> int:
             counts = []
-            for suffix in ("", "_results", "_done", "_workers"):
+            for suffix in ("", "_results", "_done", "_workers", "_schedules"):
                 cursor.execute(self._sql(queries.DELETE_QUEUE).replace("{suffix}", suffix), (queue,))
                 counts.append(int(cursor.rowcount))
             return counts[0]  # the jobs table's
@@ -313,7 +354,10 @@ class TableAdmin:
         # One statement at a time, each committed on its own, as the workers do:
         # none holds its locks while the others run.
         counts = [self._run(self._sql(sql), params, rows=False) for sql, params in steps]
-        return Pruned(*counts)
+        keys = UniqueKeys(self._db.dialect, self.table)
+        forgotten: int = self._db.run(lambda cursor: keys.prune(cursor, sweep=True), timeout=self.timeout)
+        records, cancelled, finished_ids, workers, done_counts = counts
+        return Pruned(records, cancelled, finished_ids, workers, done_counts, forgotten)
 
     def count_dead(self, *, older_than: float = 0.0, queue: str | None = None) -> int:
         """How many dead letters died at least ``older_than`` seconds ago: what ``purge()`` would delete now."""

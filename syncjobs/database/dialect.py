@@ -32,17 +32,21 @@ def check_identifier(value: str, what: str) -> str:
     return value
 
 
-#: The longest jobs table name: its companions add up to 8 characters
-#: (``_workers``), and MySQL stops at 64, PostgreSQL at 63.
-MAX_TABLE_NAME = 55
+#: The longest jobs table name: its companions add up to 10 characters
+#: (``_schedules``), and MySQL stops at 64 (PostgreSQL cuts names at 63, the
+#: same way wherever they are written).
+MAX_TABLE_NAME = 54
 
 
-def check_table(table: str) -> str:
+def check_table(table: str, dialect: Dialect | None = None) -> str:
+    """``table``, if it is a valid name that leaves room for its companions' (on ``dialect``, if given)."""
     check_identifier(table, "table")
-    if len(table) > MAX_TABLE_NAME:
+    longest = MAX_TABLE_NAME if dialect is None else dialect.max_table
+    if len(table) > longest:
+        where = "every database's limit" if dialect is None else f"{dialect.name}'s limit"
         raise QueueError(
-            f"table {table!r} is too long: at most {MAX_TABLE_NAME} characters, so that its companion "
-            f"tables ({table}_workers and the others) fit every database's limit"
+            f"table {table!r} is too long: at most {longest} characters, so that the names of its companion "
+            f"tables and indexes ({table}_schedules and the others) fit {where}"
         )
     return table
 
@@ -131,6 +135,8 @@ class Dialect:
     #: After the claim's table: what makes it read the claim index, whatever
     #: the planner's statistics say (``{ready_index}`` in the queries).
     ready_index: str = ""
+    #: The longest jobs table name: where the database refuses a longer companion's (or index's) name.
+    max_table: int = MAX_TABLE_NAME
 
     def sql(self, template: str, table: str) -> str:
         text = (

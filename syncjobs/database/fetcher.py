@@ -58,6 +58,10 @@ SOON_FIRST = 0.01
 #: and slow the dispatching processes beside them. A lone job is not delayed.
 CLAIM_COALESCE = 0.005
 
+#: The first rest after a claim that came back short while rows were due (locked by another
+#: transaction); each next one twice as long, up to ``poll_interval``.
+LOCKED_BACKOFF = 0.01
+
 #: A run is marked ``running`` in the table if its outcome is not written
 #: this long after it was taken (at most a tenth of the lease): the many jobs
 #: that end sooner cost no write for it, and a run killed sooner is counted on
@@ -210,8 +214,11 @@ class Fetcher:
         hold: Callable[[Sequence[ClaimedEnvelope]], None] = lambda envelopes: None,
         floor: ClaimFloor | None = None,
         coalesce: float = CLAIM_COALESCE,
+        prune_keys: Callable[[Any], object] = lambda cursor: None,
     ) -> None:
         self._runner = runner
+        #: ``prune_keys(cursor)`` deletes unique keys no job holds (housekeeping).
+        self._prune_keys = prune_keys
         self._sql = sql
         self._dialect = dialect
         self.queue = queue
@@ -227,6 +234,8 @@ class Fetcher:
         #: Called with each claimed batch before a worker can take it: its lease is renewed from then on.
         self._hold = hold
         self._ready: stdqueue.SimpleQueue[ClaimedEnvelope | _Wake] = stdqueue.SimpleQueue()
+        #: Seconds the last rest lasted while due rows could not be claimed (locked); doubles, to poll_interval.
+        self._locked_backoff = 0.0
         # Workers waiting in take() and envelopes buffered for them: the
         # fetcher claims the difference, so it never hoards rows.
         self._want = threading.Condition()
@@ -381,6 +390,13 @@ class Fetcher:
     def _rest(self, stop: threading.Event, *, found: int) -> None:
         """Wait for a wake-up, the next parked row's due time or the next mark, at most ``poll_interval``."""
         look = self._next_look()
+        if look <= 0:
+            # A claim that came back short while rows are due: those are locked (a unique job's
+            # dispatch keeps its waiting holder until it commits). Back off rather than spin.
+            self._locked_backoff = min(max(2 * self._locked_backoff, LOCKED_BACKOFF), self.poll_interval)
+            look = self._locked_backoff
+        else:
+            self._locked_backoff = 0.0
         with self._want:
             look = min(look, max(0.0, self._next_mark() - time.monotonic()))
             if self._unstarted:  # a worker may take one while this rests: its mark is due mark_after later
@@ -545,6 +561,7 @@ class Fetcher:
             cursor.execute(self._sql["FINISHED_PRUNE"], (FINISHED_KEPT,))
             cursor.execute(self._sql["RESULTS_PRUNE"])
             cursor.execute(self._sql["CANCELLED_PRUNE"], (self.queue, self.keep_cancelled))
+            self._prune_keys(cursor)
 
         def recover(cursor: Any) -> list[tuple[ClaimedEnvelope, str | None]]:
             cursor.execute(self._sql["SELECT_EXPIRED"], (self.queue, 100))

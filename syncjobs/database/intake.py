@@ -121,6 +121,22 @@ class Intake:
             values.append(self._channel())
         return values
 
+    def insert(
+        self,
+        cursor: Any,
+        items: Sequence[tuple[Envelope, float]],
+        params: Sequence[tuple[Any, ...]],
+        *,
+        idempotent: bool,
+    ) -> None:
+        """Insert the rows in the caller's transaction; ``idempotent``, only those absent, of jobs not finished."""
+        batches = self._batches(cursor, items, params)
+        if idempotent:
+            self._insert_absent(cursor, batches)
+            return
+        for batch in batches:
+            cursor.execute(self.insert_sql(len(batch)), self._flat(batch))
+
     def _insert_absent(self, cursor: Any, batches: list[list[tuple[Any, ...]]]) -> None:
         for batch in batches:
             if self._dialect is MYSQL:

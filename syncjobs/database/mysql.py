@@ -74,6 +74,8 @@ MYSQL = Dialect(
     lock=" FOR UPDATE SKIP LOCKED",
     # Statistics gone stale (a bulk load) may make the due-time index and a filesort look cheaper.
     ready_index=" FORCE INDEX ({table}_ready)",
+    # An index name stops at 64 characters too: "<table>_results_expires" is the longest.
+    max_table=48,
     begin="BEGIN",
     placeholder="%s",
     text_key="VARCHAR(64)",

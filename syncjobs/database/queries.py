@@ -315,3 +315,83 @@ PRUNE_DONE_COUNTS = "DELETE FROM {table}_done WHERE bucket < ?"
 _DEAD_SINCE = "WHERE state = 'dead' AND finished_at <= {now_once} - ?{queue_filter}"
 PURGE_DEAD = "DELETE FROM {table} " + _DEAD_SINCE
 COUNT_DEAD = "SELECT COUNT(*) FROM {table} " + _DEAD_SINCE
+
+# -- unique jobs' keys (unique_keys.py) -------------------------------------------
+# One row per key (the SHA-256 of a job's NAME and key): the job that took it,
+# how it holds, and for seconds=, until when. Taken by inserting it; a key
+# that is there already is read, and taken over only if its job holds it no longer.
+
+UNIQUE_TAKE = (
+    "INSERT INTO {table}_unique (unique_key, job_id, holds, expires_at) VALUES (?, ?, ?, {now} + ?) "
+    "ON CONFLICT (unique_key) DO NOTHING"
+)
+# An exclusive lock on the row that is there (INSERT IGNORE's shared one would
+# deadlock two dispatchers that both go on to take it over).
+UNIQUE_TAKE_MYSQL = (
+    "INSERT INTO {table}_unique (unique_key, job_id, holds, expires_at) VALUES (?, ?, ?, {now} + ?) "
+    "ON DUPLICATE KEY UPDATE job_id = job_id"
+)
+UNIQUE_HOLDER = (
+    "SELECT job_id, holds, CASE WHEN expires_at > {now} THEN 1 ELSE 0 END FROM {table}_unique WHERE unique_key = ?"
+)
+UNIQUE_HOLDER_LOCKED = UNIQUE_HOLDER + " FOR UPDATE"
+# Read after the key's row is locked, so that it sees the job of whoever took it last.
+UNIQUE_HOLDER_STATE = "SELECT state FROM {table} WHERE id = ?"
+# A waiting holder, share-locked until the dispatch commits (and, on MySQL, read as it is now).
+UNIQUE_HOLDER_WAITS = UNIQUE_HOLDER_STATE + " FOR SHARE"
+UNIQUE_HOLDER_WAITS_MYSQL = UNIQUE_HOLDER_STATE + " LOCK IN SHARE MODE"
+UNIQUE_RETAKE = "UPDATE {table}_unique SET job_id = ?, holds = ?, expires_at = {now} + ? WHERE unique_key = ?"
+# Pruning: keys no job holds any more. Expired ones by their index; the others a page at a time, in
+# key order from where the last page ended, looking up their jobs. Each is then deleted by key and
+# job id (one taken over meanwhile is kept), and only if no dispatch holds it locked (SKIP LOCKED:
+# a caller's open transaction never stalls the workers' housekeeping).
+UNIQUE_EXPIRED = "SELECT unique_key, job_id FROM {table}_unique WHERE expires_at < {now_once} LIMIT ?"
+UNIQUE_PAGE = (
+    "SELECT unique_key, job_id FROM {table}_unique WHERE unique_key > ? AND expires_at IS NULL "
+    "ORDER BY unique_key LIMIT ?"
+)
+UNIQUE_JOBS_ALIVE = f"SELECT id FROM {{table}} WHERE id IN ({{ids}}) AND state IN ('queued', {LEASED[1:]}"
+UNIQUE_FORGET_LOCK = (
+    "SELECT unique_key FROM {table}_unique WHERE unique_key IN ({keys}) AND job_id IN ({ids}) FOR UPDATE SKIP LOCKED"
+)
+UNIQUE_FORGET = "DELETE FROM {table}_unique WHERE unique_key IN ({keys}) AND job_id IN ({ids})"
+# MySQL: by the primary key, whatever the optimizer makes of the list: a scan would wait for every
+# row a dispatch holds locked (a DELETE has no semi-consistent read to pass them by).
+UNIQUE_FORGET_MYSQL = (
+    "DELETE u FROM {table}_unique AS u FORCE INDEX (PRIMARY) WHERE u.unique_key IN ({keys}) AND u.job_id IN ({ids})"
+)
+
+# -- periodic jobs: each schedule's last slot dispatched (schedule_records.py) -------
+
+SCHEDULES_LAST = "SELECT name, last_slot FROM {table}_schedules WHERE queue = ? AND last_slot IS NOT NULL"
+# A schedule no process has run yet, listed with no last slot; a row there already is kept.
+SCHEDULE_ANNOUNCE = (
+    "INSERT INTO {table}_schedules (id, queue, name, description, last_slot, next_slot, updated_at) "
+    "VALUES (?, ?, ?, ?, NULL, ?, {now}) ON CONFLICT (id) DO NOTHING"
+)
+SCHEDULE_ANNOUNCE_MYSQL = (
+    "INSERT INTO {table}_schedules (id, queue, name, description, last_slot, next_slot, updated_at) "
+    "VALUES (?, ?, ?, ?, NULL, ?, {now}) ON DUPLICATE KEY UPDATE id = id"
+)
+# Kept if later: processes that dispatch the same slots record them in any order.
+_LATER = "({table}_schedules.last_slot IS NULL OR excluded.last_slot >= {table}_schedules.last_slot)"
+SCHEDULE_RECORD = (
+    "INSERT INTO {table}_schedules (id, queue, name, description, last_slot, next_slot, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, {now}) ON CONFLICT (id) DO UPDATE SET description = excluded.description, "
+    "next_slot = CASE WHEN {later} THEN excluded.next_slot ELSE {table}_schedules.next_slot END, "
+    "last_slot = CASE WHEN {later} THEN excluded.last_slot ELSE {table}_schedules.last_slot END, "
+    "updated_at = excluded.updated_at"
+).replace("{later}", _LATER)
+# MySQL assigns left to right: next_slot is compared with last_slot before that changes.
+SCHEDULE_RECORD_MYSQL = (
+    "INSERT INTO {table}_schedules (id, queue, name, description, last_slot, next_slot, updated_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, {now}) ON DUPLICATE KEY UPDATE description = VALUES(description), "
+    "next_slot = IF(last_slot IS NULL OR VALUES(last_slot) >= last_slot, VALUES(next_slot), next_slot), "
+    "last_slot = IF(last_slot IS NULL OR VALUES(last_slot) >= last_slot, VALUES(last_slot), last_slot), "
+    "updated_at = VALUES(updated_at)"
+)
+# What `syncjobs schedules` and stats list: every queue's, or one's ({queue_filter}).
+SCHEDULES_LIST = (
+    "SELECT queue, name, description, last_slot, next_slot, {now} FROM {table}_schedules WHERE 1 = 1{queue_filter} "
+    "ORDER BY queue, name"
+)

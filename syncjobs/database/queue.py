@@ -15,12 +15,15 @@ from ..errors import QueueError
 from ..job import Job, check_keep_result
 from ..payload import dead_letter_from_text
 from ..protocols import Delay
-from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds
+from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, unique_key
+from ..scheduler import ScheduleRecords, ScheduleState
 from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
+from ..unique import UniqueKey
 from ..urls import mask_url
 from ..worker import DEFAULT_UNKNOWN_JOB_WAIT
 from .admin import TableAdmin
 from .dialects import Connector, check_connection, check_table
+from .schedule_records import DatabaseRecords
 from .schema import SCHEMA_VERSION
 from .store import DatabaseStore
 
@@ -80,6 +83,7 @@ class DatabaseJobQueue(StoreQueue):
             raise ValueError(str(exc)) from None
         self.url = url
         self.queue_name = queue
+        self.unique_scope = queue
         self.table = table
         self.auto_schema = auto_schema
         # What for_queue() builds a twin from.
@@ -99,6 +103,7 @@ class DatabaseJobQueue(StoreQueue):
         )
         self._schema_ready = False
         connector = Connector(url, connect_args)
+        check_table(table, connector.dialect)
         self._dialect = connector.dialect
         self._db = DatabaseStore(
             connector,
@@ -258,25 +263,40 @@ class DatabaseJobQueue(StoreQueue):
         diverted = self._diverted_to
         if diverted is not None:  # all checked before any is enqueued, as here
             prepared = [diverted.prepare(job, delay=delay, run_at=run_at, priority=priority) for job in jobs]
-            for each in prepared:
-                each.submit()
-            return [diverted.handle(each.id) for each in prepared]
+            return [diverted.handle_of(each.name, each.id, each.submit()) for each in prepared]
         items: list[tuple[Envelope, float]] = []
+        keys: list[UniqueKey | None] = []
         for job in jobs:
             envelope = self._new_envelope(job, priority)
             items.append((envelope, delay_seconds(envelope.name, delay, run_at)))
-        if items and connection is not None:
+            keys.append(unique_key(job, self.queue_name))
+        if not items:
+            return []
+        if connection is not None:
             check_connection(self._dialect, connection, items[0][0].name)
         self._ensure_schema()
         for envelope, _ in items:
             self._check_carried(envelope)
-        if items:
-            self._db.put_many(items, connection)
-        return [self.handle(envelope.id) for envelope, _ in items]
+        holders = self._db.put_many(items, connection, keys)
+        return [
+            self.handle_of(envelope.name, envelope.id, holder)
+            for (envelope, _), holder in zip(items, holders, strict=True)
+        ]
 
     def pending_count(self) -> int:
         self._ensure_schema()
         return super().pending_count()
+
+    def schedules(self) -> list[ScheduleState]:
+        self._ensure_schema()
+        return [state._replace(queue=self.queue_name) for state in super().schedules()]
+
+    def _schedule_records(self) -> ScheduleRecords:
+        # Through the store's connections, within its dispatch timeout: the scheduler tries again later.
+        def run(operation: Callable[[Any], Any]) -> Any:
+            return self._db.run(operation, deadline=self._db.dispatch_timeout)
+
+        return DatabaseRecords(run, self._dialect, self.table, self.queue_name)
 
     def status(self, job_id: str) -> JobStatus | None:
         self._ensure_schema()

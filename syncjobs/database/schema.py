@@ -20,7 +20,12 @@ from .dialects import MYSQL, POSTGRES, SQLITE, Dialect
 #: asked to do (the Django Tasks backend's ``get_result()`` answers its arguments).
 #: 6: adds ``priority`` to the jobs table and ``<table>_results``, and the
 #: claim's index ``<table>_ready`` (queue, state, priority DESC, run_at).
-SCHEMA_VERSION = 6
+#: 7: adds ``<table>_unique`` (unique jobs' keys and the jobs that hold them).
+#: 8: adds ``<table>_schedules`` (each periodic job's last slot dispatched, and its next).
+SCHEMA_VERSION = 8
+
+#: The tables beside the jobs table, by the suffix of their names.
+COMPANIONS = ("_schema", "_workers", "_done", "_finished", "_results", "_unique", "_schedules")
 
 #: Seconds a finished job's id is kept in ``<table>_finished`` (far longer than any dispatch retries),
 #: and a per-second count of done jobs in ``<table>_done`` (for stats).
@@ -138,6 +143,7 @@ def _tables(dialect: Dialect, table: str) -> list[str]:
     engine = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" if dialect is MYSQL else ""
     finished_index = f",\n        INDEX {table}_finished_at (finished_at)" if dialect is MYSQL else ""
     expires_index = f",\n        INDEX {table}_results_expires (expires_at)" if dialect is MYSQL else ""
+    unique_expires_index = f",\n        INDEX {table}_unique_expires (expires_at)" if dialect is MYSQL else ""
     companions = [
         f"CREATE TABLE IF NOT EXISTS {table}_schema (version INTEGER NOT NULL){engine}",
         # One row per worker process (per queue it serves), renewed by its heartbeat.
@@ -181,6 +187,25 @@ def _tables(dialect: Dialect, table: str) -> list[str]:
         payload {text},
         priority INTEGER{expires_index}
 ){engine}""",
+        # Unique jobs' keys (SHA-256, hex): a primary key, so that no two
+        # dispatchers, in any processes, take one at once. See unique_keys.py.
+        f"""CREATE TABLE IF NOT EXISTS {table}_unique (
+        unique_key CHAR(64) NOT NULL PRIMARY KEY,
+        job_id {key} NOT NULL,
+        holds VARCHAR(10) NOT NULL,
+        expires_at {real}{unique_expires_index}
+){engine}""",
+        # One row per queue and schedule: the last slot a process dispatched, and the next. Its id is
+        # the SHA-256 of [queue, name]: one key column, as Django's admin (which lists them) needs.
+        f"""CREATE TABLE IF NOT EXISTS {table}_schedules (
+        id CHAR(64) NOT NULL PRIMARY KEY,
+        queue VARCHAR(100) NOT NULL,
+        name VARCHAR({MAX_NAME_LENGTH}) NOT NULL,
+        description VARCHAR(255) NOT NULL,
+        last_slot {real},
+        next_slot {real} NOT NULL,
+        updated_at {real} NOT NULL
+){engine}""",
     ]
     if dialect is MYSQL:
         # MySQL has no CREATE INDEX IF NOT EXISTS: the indexes go in the table.
@@ -195,6 +220,7 @@ def _tables(dialect: Dialect, table: str) -> list[str]:
         *companions,
         f"CREATE INDEX IF NOT EXISTS {table}_finished_at ON {table}_finished (finished_at)",
         f"CREATE INDEX IF NOT EXISTS {table}_results_expires ON {table}_results (expires_at)",
+        f"CREATE INDEX IF NOT EXISTS {table}_unique_expires ON {table}_unique (expires_at)",
     ]
 
 

@@ -10,6 +10,7 @@ in-memory one, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 from ..envelope import ClaimedEnvelope, Envelope
 from ..errors import QueueError
 from ..status import JobStatus, Progress
+from ..unique import UniqueKey
 from . import queries
 from .admin import TableAdmin
 from .background import WRITE_COALESCE, Heartbeat, Leases, Listener, Loop, OutcomeWriter, ProgressWriter
@@ -35,6 +37,7 @@ from .fetcher import CLAIM_COALESCE, Fetcher
 from .intake import Intake
 from .postgres import notify_channel
 from .sqlite import database_file
+from .unique_keys import UniqueKeys
 from .wakeup import WakeListener, Waker, wake_directory
 
 logger = logging.getLogger("syncjobs.database")
@@ -81,6 +84,7 @@ class DatabaseStore:
         self._local = threading.local()
         #: This process's connections to the database, shared with the queue's admin.
         self.connections = Connections(connector)
+        self._unique_keys = UniqueKeys(self.dialect, table)
         self._fetcher = Fetcher(
             self,
             self._sql,
@@ -93,8 +97,10 @@ class DatabaseStore:
             carry=self.carry,
             on_dead=self._dead_by_fetcher,
             hold=self._hold,
+            prune_keys=self._unique_keys.prune,
         )
         self._intake = Intake(self._sql, self.dialect, lambda: self.channel, connector.is_contention)
+        self._is_contention = connector.is_contention
         # Each open() builds its own: the leases this process holds, the loops
         # (each with its own stop event), the outcome writer, the listener.
         self._leases = Leases()
@@ -197,23 +203,33 @@ class DatabaseStore:
             delay,
         )
 
-    def put(self, envelope: Envelope, delay: float) -> None:
-        self.put_many([(envelope, delay)])
+    def put(self, envelope: Envelope, delay: float, unique: UniqueKey | None = None) -> str | None:
+        return self.put_many([(envelope, delay)], keys=None if unique is None else [unique])[0]
 
-    def put_many(self, items: Sequence[tuple[Envelope, float]], connection: Any = None) -> None:
-        """Insert rows in one transaction: the caller's (never committed here) or our own."""
+    def put_many(
+        self,
+        items: Sequence[tuple[Envelope, float]],
+        connection: Any = None,
+        keys: Sequence[UniqueKey | None] | None = None,
+    ) -> list[str | None]:
+        """Insert rows in one transaction: the caller's (never committed here) or our own.
+
+        ``keys``: each job's unique key, or None. Returns, for each job, None
+        if it was inserted, else the id of the job that holds its key.
+        """
         params = [self.insert_params(envelope, delay) for envelope, delay in items]
-        insert = self._intake.operation(items, params, own_transaction=len(items) == 1)
-
-        if connection is not None:
-            cursor = connection.cursor()
-            try:
-                insert(cursor)
-            finally:
-                cursor.close()
+        subject = f"job {items[0][0].name!r}"
+        holders: list[str | None]
+        if keys is not None and any(key is not None for key in keys):
+            holders = self._put_unique(items, params, keys, connection, subject)
+            if all(holder is not None for holder in holders):
+                return holders  # nothing inserted: nobody to wake
         else:
-            subject = f"job {items[0][0].name!r}"
-            if len(items) == 1:
+            holders = [None] * len(items)
+            insert = self._intake.operation(items, params, own_transaction=len(items) == 1)
+            if connection is not None:
+                self._with_cursor(connection, insert)
+            elif len(items) == 1:
                 self.connections.run(insert, timeout=self.dispatch_timeout, subject=subject)
             else:
                 self.connections.transaction(insert, timeout=self.dispatch_timeout, subject=subject)
@@ -226,6 +242,75 @@ class DatabaseStore:
         # Even before a caller's commit: a woken SQLite claim waits for the
         # caller's write lock, so it sees the rows once they are committed.
         self._waker.wake()
+        return holders
+
+    def _put_unique(
+        self,
+        items: Sequence[tuple[Envelope, float]],
+        params: list[tuple[Any, ...]],
+        keys: Sequence[UniqueKey | None],
+        connection: Any,
+        subject: str,
+    ) -> list[str | None]:
+        """Take the jobs' unique keys, then insert the jobs that took theirs, in one transaction (unique_keys.py)."""
+        claims = [(envelope.id, key) for (envelope, _), key in zip(items, keys, strict=True)]
+        own = connection is None
+        plain = True
+
+        def take_and_insert(cursor: Any) -> list[str | None]:
+            nonlocal plain
+            idempotent, plain = not plain, False
+            try:
+                if not own:
+                    return self._take_and_insert(cursor, claims, items, params, idempotent=idempotent)
+                if self.dialect is MYSQL:
+                    # This transaction only: its locking reads lock rows, never the gaps between them.
+                    cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                cursor.execute(self.dialect.begin)
+                try:
+                    taken = self._take_and_insert(cursor, claims, items, params, idempotent=idempotent)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # the connection may be gone: the server rolls back
+                        cursor.execute("ROLLBACK")
+                    raise
+                cursor.execute("COMMIT")
+                return taken
+            except Exception as exc:
+                # Refused by contention (a lock, a deadlock), a try wrote nothing: the next is plain
+                # again. Else it may have committed (its reply lost): the next inserts what is absent.
+                plain = self._is_contention(exc)
+                raise
+
+        if own:
+            taken: list[str | None] = self.connections.run(
+                take_and_insert, timeout=self.dispatch_timeout, subject=subject
+            )
+            return taken
+        return self._with_cursor(connection, take_and_insert)
+
+    def _take_and_insert(
+        self,
+        cursor: Any,
+        claims: list[tuple[str, UniqueKey | None]],
+        items: Sequence[tuple[Envelope, float]],
+        params: list[tuple[Any, ...]],
+        *,
+        idempotent: bool,
+    ) -> list[str | None]:
+        taken = self._unique_keys.take_all(cursor, claims)
+        fresh = [index for index, holder in enumerate(taken) if holder is None]
+        if fresh:
+            self._intake.insert(cursor, [items[i] for i in fresh], [params[i] for i in fresh], idempotent=idempotent)
+        return taken
+
+    @staticmethod
+    def _with_cursor(connection: Any, operation: Callable[[Any], T]) -> T:
+        """``operation(cursor)`` on a cursor of the caller's ``connection``, in its transaction."""
+        cursor = connection.cursor()
+        try:
+            return operation(cursor)
+        finally:
+            cursor.close()
 
     def wake_fetcher(self) -> None:
         """Look for ready rows now (rows were queued some other way than put_many)."""

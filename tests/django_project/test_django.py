@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import io
 import json
@@ -34,7 +35,7 @@ from django.utils import timezone
 import syncjobs
 import syncjobs.contrib.django as sj
 from syncjobs.contrib.django import conf
-from syncjobs.contrib.django.models import FinishedJob, QueuedJob, TaskResultRecord
+from syncjobs.contrib.django.models import FinishedJob, QueuedJob, ScheduleRecord, TaskResultRecord
 from syncjobs.contrib.django.tasks import RunTask
 from syncjobs.errors import JobCancelled
 from syncjobs.status import Progress
@@ -365,6 +366,51 @@ def test_the_admin_lists_finished_jobs_with_their_result_and_progress(alias: str
     FinishedJob.objects.using(alias).filter(id=handle).update(expires_at=time.time() - 1)
     assert change_link not in client.get(base).content.decode()
     assert handle.status() is None
+
+
+@sj.register
+@dataclasses.dataclass
+class Reindex(syncjobs.Job):
+    NAME = "tests.django.reindex"
+    UNIQUE = syncjobs.Unique("user_id")
+    user_id: int
+
+    def run(self) -> None:
+        pass
+
+
+def test_a_unique_job_dispatched_in_atomic_blocks_is_one_job(alias: str) -> None:
+    """Django's MySQL connections count the rows an upsert matched, not those it changed."""
+    with transaction.atomic(using=alias):
+        first = sj.dispatch(Reindex(1))
+        assert sj.dispatch(Reindex(1)) == first
+    with transaction.atomic(using=alias):
+        again = sj.dispatch(Reindex(1))
+    assert again == first
+    assert again.duplicate
+    assert [row for row in job_rows(alias) if row[0] == Reindex.NAME] == [(Reindex.NAME, "queued", 0)]
+
+
+def test_a_schedule_runs_in_the_worker_queues_of_the_queue_it_names_and_the_admin_lists_it(alias: str) -> None:
+    beats = f"beats-{uuid.uuid4().hex[:8]}"  # a queue of its own: no other test's workers run this schedule
+    sj.schedule("tests.django.beat", jobs.ConfirmOrder(number="none", database=alias), queue=beats, every=1)
+    [queue] = sj.worker_queues([beats], workers=1)
+    assert [s.name for s in queue.schedules()] == ["tests.django.beat"]
+    [default] = sj.worker_queues(["default"], workers=1)
+    try:
+        assert default.schedules() == []  # only the queue it names
+    finally:
+        default.shutdown()
+    with queue:
+        deadline = time.monotonic() + 10
+        while not ScheduleRecord.objects.using(alias).filter(queue=beats).exists():
+            assert time.monotonic() < deadline, "no slot dispatched"
+            queue.wait_finished(0.05)
+    client = Client()
+    client.force_login(User.objects.create_superuser("admin", "admin@example.com", "pw"))
+    page = client.get("/admin/syncjobs/schedulerecord/", {"queue": beats}).content.decode()
+    assert "tests.django.beat" in page
+    assert "every 1s" in page
 
 
 def test_dead_letter_callbacks_reach_the_worker_commands_queues(alias: str) -> None:

@@ -11,21 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from collections.abc import Iterator
-from typing import TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections, transaction
+from typing_extensions import Unpack
 
 from ...database import DatabaseJobQueue
 from ...dead_letters import DeadLetterCallback
-from ...function_tasks import TaskDecorator
+from ...function_tasks import FunctionJob, TaskDecorator
 from ...hooks import DispatchHook
 from ...job import Job
 from ...memory import InMemoryJobQueue
 from ...protocols import Delay
 from ...queue import StoreQueue
+from ...scheduler import JobMaker
+from ...schedules import Schedule, When
 from ...status import JobHandle
 from ...worker import RunObserver, RunWrapper
 from ..integration import JobSetup, ProcessQueues
@@ -138,15 +141,37 @@ def dispatch(
         # Its jobs run in this process: start its workers first, so that a
         # dispatch whose start fails hands over no job.
         _queues.start([name])
-    transaction.on_commit(prepared.submit, using=using or DEFAULT_DB_ALIAS)
+    # At the commit a unique job may find its key held: then nothing is enqueued, and (logged)
+    # the handle returned here names a job that never exists.
+    transaction.on_commit(
+        lambda: target.handle_of(prepared.name, prepared.id, prepared.submit()), using=using or DEFAULT_DB_ALIAS
+    )
     return target.handle(prepared.id)
 
 
-#: ``@task`` (or ``@task(name=…, max_attempts=…, retry_wait=…, queue=…)``) on a module-level function:
-#: ``f.dispatch(…)`` enqueues a call as :func:`dispatch` does, in the caller's transaction where it can;
-#: ``f.using(delay=…, queue=…, using=…)`` sets options first. Fine at import time, like :func:`register`.
+def schedule(name: str, job: Job | JobMaker, *, queue: str | None = None, **when: Unpack[When]) -> None:
+    """Dispatch ``job`` (or ``job(slot)``) at each slot, on ``queue`` (default: the first of ``QUEUES``).
+
+    Fine at import time, like :func:`register`: every process that runs the
+    queue's workers (``syncjobs_worker``) dispatches its slots, one job per
+    slot in all. ``when``: as ``StoreQueue.schedule`` takes it.
+    """
+    _setup.schedule(name, Schedule(**when), job, queue)
+
+
+def _schedule_task(name: str, schedule: Schedule, job_class: type[FunctionJob], options: Mapping[str, Any]) -> None:
+    _setup.schedule(name, schedule, lambda slot: job_class([], {}), options.get("queue"))
+
+
+#: ``@task`` (or ``@task(name=…, max_attempts=…, retry_wait=…, queue=…, schedule=…)``) on a module-level
+#: function: ``f.dispatch(…)`` enqueues a call as :func:`dispatch` does, in the caller's transaction where
+#: it can; ``f.using(delay=…, queue=…, using=…)`` sets options first. Fine at import time, like :func:`register`.
 task = TaskDecorator(
-    register, dispatch, frozenset({"delay", "run_at", "priority", "queue", "using"}), frozenset({"queue"})
+    register,
+    dispatch,
+    frozenset({"delay", "run_at", "priority", "queue", "using"}),
+    frozenset({"queue"}),
+    schedule=_schedule_task,
 )
 
 
@@ -191,7 +216,7 @@ def _build(
 
     queue.register(RunTask)  # the jobs an earlier syncjobs queued for Django tasks
     queue.find_job_classes_with(find_task_job)  # a task the worker has not imported yet
-    return _setup.apply(queue, around=django_connections)
+    return _setup.apply(queue, around=django_connections, name=name, default=config.default_queue)
 
 
 _queues = ProcessQueues(lambda name: _build(conf.read(), name))

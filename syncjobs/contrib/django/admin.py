@@ -20,14 +20,11 @@ from django.utils.html import format_html
 
 from ...database import DatabaseJobQueue
 from . import conf, get_queue
-from .models import FinishedJob, QueuedJob
+from .models import FinishedJob, QueuedJob, ScheduleRecord
 
 
-class _JobRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """Rows of syncjobs' tables, in the database settings.SYNCJOBS names: never added, edited or deleted here."""
-
-    list_filter = ("queue", "state", "name")
-    search_fields = ("=id",)
+class _TableAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Rows of syncjobs' tables, in the database settings.SYNCJOBS names: never added or deleted here."""
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         rows: QuerySet[Any] = super().get_queryset(request).using(conf.read().database or "default")
@@ -38,6 +35,13 @@ class _JobRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # rows belong to workers; dead letters go through the purge action
+
+
+class _JobRecordAdmin(_TableAdmin):
+    """Jobs and their records: filtered by queue, state and name, found by id."""
+
+    list_filter = ("queue", "state", "name")
+    search_fields = ("=id",)
 
     @admin.display(description="progress")
     def progress_shown(self, job: QueuedJob | FinishedJob) -> str:
@@ -153,6 +157,22 @@ class FinishedJobAdmin(_JobRecordAdmin):
     @admin.display(description="result")
     def pretty_result(self, job: FinishedJob) -> str:
         return _pretty_json(job.result)
+
+
+@admin.register(ScheduleRecord)
+class ScheduleRecordAdmin(_TableAdmin):
+    """Each periodic job's schedule, as the workers that dispatch its slots record it: read only.
+
+    A schedule removed from the code stays listed, with its last run.
+    """
+
+    list_display = ("name", "queue", "description", "last_run", "next_run")
+    list_filter = ("queue",)
+    list_display_links = None
+    search_fields = ("name",)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 def _pretty_json(text: str | None) -> str:

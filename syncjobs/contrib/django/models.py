@@ -101,6 +101,36 @@ class FinishedJob(_JobRecord):
         return _moment(self.expires_at)
 
 
+class ScheduleRecord(models.Model):
+    """A periodic job's schedule as the workers record it: the last slot dispatched and the next (schema 8)."""
+
+    #: The SHA-256 (hex) of the JSON of [queue, name].
+    id = models.CharField(primary_key=True, max_length=64)
+    queue = models.CharField(max_length=100)
+    name = models.CharField(max_length=200)
+    description = models.CharField(max_length=255)
+    last_slot = models.FloatField(null=True)
+    next_slot = models.FloatField()
+    updated_at = models.FloatField()
+
+    class Meta:
+        managed = False
+        db_table = "syncjobs_jobs_schedules"
+        ordering = ("queue", "name")
+        verbose_name = "schedule"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.queue})"
+
+    @property
+    def last_run(self) -> datetime.datetime | None:
+        return _moment(self.last_slot)
+
+    @property
+    def next_run(self) -> datetime.datetime | None:
+        return _moment(self.next_slot)
+
+
 class TaskResultRecord(models.Model):
     """What ``get_result()`` answers from: one row per task enqueued on the syncjobs Tasks backend."""
 

@@ -30,16 +30,20 @@ import signal
 import sys
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from flask import Flask, current_app
+from typing_extensions import Unpack
 
 from ...dead_letters import DeadLetterCallback
-from ...function_tasks import TaskDecorator
+from ...function_tasks import FunctionJob, TaskDecorator
 from ...hooks import DispatchHook
 from ...job import Job
 from ...protocols import Delay
 from ...queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
+from ...scheduler import JobMaker
+from ...schedules import Schedule, When
 from ...settings import connect
 from ...status import DEFAULT_KEEP_RESULT, JobHandle
 from ...worker import RunObserver, RunWrapper
@@ -125,7 +129,23 @@ class SyncJobs:
         ``f.dispatch(…)`` enqueues a call on the current app's queue, as
         :meth:`dispatch` does; ``f.using(delay=…, queue=…)`` sets options first.
         """
-        return TaskDecorator(self.register, self.dispatch, _DISPATCH_OPTIONS, frozenset({"queue"}))
+        return TaskDecorator(
+            self.register, self.dispatch, _DISPATCH_OPTIONS, frozenset({"queue"}), schedule=self._schedule_task
+        )
+
+    def schedule(self, name: str, job: Job | JobMaker, *, queue: str | None = None, **when: Unpack[When]) -> None:
+        """Dispatch ``job`` (or ``job(slot)``) at each slot, on ``queue`` (default: the first of ``SYNCJOBS_QUEUES``).
+
+        Every process that runs the queue's workers (embedded, or ``flask
+        syncjobs worker``) dispatches its slots, one job per slot in all.
+        ``when``: as ``StoreQueue.schedule`` takes it.
+        """
+        self._setup.schedule(name, Schedule(**when), job, queue)
+
+    def _schedule_task(
+        self, name: str, schedule: Schedule, job_class: type[FunctionJob], options: Mapping[str, Any]
+    ) -> None:
+        self._setup.schedule(name, schedule, lambda slot: job_class([], {}), options.get("queue"))
 
     def dispatch(
         self,
@@ -257,7 +277,7 @@ class AppQueues:
         if not isinstance(queue, StoreQueue):  # every backend connect() builds is one
             raise TypeError(f"expected a syncjobs queue, got {type(queue).__name__}")
         # Jobs and dead-letter callbacks run inside an app context of this app.
-        return self._setup.apply(queue, around=self.app.app_context)
+        return self._setup.apply(queue, around=self.app.app_context, name=name, default=config["SYNCJOBS_QUEUES"][0])
 
 
 #: Every app's state in this process (and, after a fork, its parent's).
