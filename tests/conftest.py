@@ -159,6 +159,18 @@ def make_queue(backend: Backend) -> QueueFactory:
 
 #: Held by the test marked ``heavy`` that runs on a server now, in any suite run on this machine.
 HEAVY_LOCK = os.path.join(tempfile.gettempdir(), f"syncjobs-tests-{os.getuid()}.heavy.lock")
+#: Seconds a heavy test may wait for its turn, over its own timeout (which counts its setup, where it waits):
+#: the other suites' heavy tests before it, a minute or two each.
+HEAVY_TURN_WAIT = 900
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("heavy") is None:
+            continue
+        own = item.get_closest_marker("timeout")
+        seconds = float(own.args[0]) if own is not None and own.args else float(config.getini("timeout") or 60)
+        item.add_marker(pytest.mark.timeout(seconds + HEAVY_TURN_WAIT), append=False)  # the closest: it wins
 
 
 @pytest.fixture(autouse=True)
