@@ -9,6 +9,7 @@ from .envelope import DeadLetter
 from .errors import Cancelled, Fatal, JobError, JobFailed, JobNotFound, QueueError, Retryable
 from .function_tasks import Task
 from .job import DEFAULT_MAX_ATTEMPTS, Job
+from .limits import Limit
 from .memory import InMemoryJobQueue
 from .protocols import JobQueue
 from .queue import DEFAULT_SHUTDOWN_GRACE
@@ -40,6 +41,7 @@ __all__ = [
     "JobNotFound",
     "JobQueue",
     "JobStatus",
+    "Limit",
     "Outcome",
     "PgJobQueue",
     "QueueError",

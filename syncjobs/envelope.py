@@ -54,6 +54,8 @@ class ClaimedEnvelope(Envelope):
     progress: str | None = None
     #: The row's priority, as claimed.
     priority: int = DEFAULT_PRIORITY  # type: ignore[misc]
+    #: The limit key whose permit the claim took for it (see ``database/permits.py``), if any.
+    limit: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

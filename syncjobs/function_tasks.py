@@ -19,6 +19,7 @@ from typing_extensions import ParamSpec, Self
 
 from .errors import QueueError
 from .job import DEFAULT_MAX_ATTEMPTS, DEFAULT_PRIORITY, Job, check_priority
+from .limits import Limit, check_limit
 from .payload import describe_arguments
 from .retry import retry_backoff, wait_seconds
 from .schedules import Schedule
@@ -169,8 +170,9 @@ class TaskDecorator:
     """``@queue.task``, or ``@queue.task(name=…, max_attempts=…, …)``, on a queue or an integration.
 
     Its options: ``name``, ``max_attempts``, ``retry_wait``, ``timeout``,
-    ``keep_result``, ``priority`` and ``unique`` (a :class:`~syncjobs.Unique`
-    whose fields are the function's parameters).
+    ``keep_result``, ``priority``, ``unique`` (a :class:`~syncjobs.Unique`
+    whose fields are the function's parameters), ``limit`` (a
+    :class:`~syncjobs.Limit`, likewise) and ``schedule``.
 
     ``dispatch_options`` names what ``using()`` takes; ``task_options``, the
     part of those the decorator may fix for every dispatch of the task
@@ -203,6 +205,7 @@ class TaskDecorator:
         keep_result: float | None = None,
         priority: int = DEFAULT_PRIORITY,
         unique: Unique | None = None,
+        limit: Limit | None = None,
         schedule: Schedule | None = None,
         **options: Any,
     ) -> Decorate: ...
@@ -219,6 +222,7 @@ class TaskDecorator:
         keep_result: float | None = None,
         priority: int = DEFAULT_PRIORITY,
         unique: Unique | None = None,
+        limit: Limit | None = None,
         schedule: Schedule | None = None,
         **options: Any,
     ) -> Task[..., Any] | Decorate:
@@ -231,6 +235,7 @@ class TaskDecorator:
                 "keep_result",
                 "priority",
                 "unique",
+                "limit",
                 "schedule",
                 *self.task_options,
             }
@@ -247,6 +252,9 @@ class TaskDecorator:
             declared = check_unique(unique, f"{what}: unique")
             if declared is not None:
                 declared.check_fields(tuple(_signature(function).parameters), what)
+            limited = check_limit(limit, f"{what}: limit")
+            if limited is not None:
+                limited.check_fields(tuple(_signature(function).parameters), what)
             if schedule is not None:
                 _check_schedulable(function, schedule, what, self.schedule)
             job_class = _job_class(
@@ -258,6 +266,7 @@ class TaskDecorator:
                 keep_result=keep_result,
                 priority=priority,
                 unique=unique,
+                limit=limit,
             )
             self.register(job_class)
             if schedule is not None and self.schedule is not None:
@@ -279,6 +288,7 @@ def _job_class(
     keep_result: float | None,
     priority: int,
     unique: Unique | None,
+    limit: Limit | None,
 ) -> type[FunctionJob]:
     if not inspect.isfunction(function):
         raise TypeError(f"task() takes a plain function, got {function!r}")
@@ -297,6 +307,7 @@ def _job_class(
         "KEEP_RESULT": keep_result,
         "PRIORITY": priority,
         "UNIQUE": unique,
+        "LIMIT": limit,
         "FUNCTION": staticmethod(function),
         "__module__": function.__module__,
         "__qualname__": function.__qualname__,

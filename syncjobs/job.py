@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 from typing_extensions import Self
 
+from .limits import Limit, check_limit
 from .retry import retry_backoff
 from .unique import Unique, check_unique
 
@@ -39,6 +40,8 @@ class Job:
     PRIORITY: ClassVar[int] = DEFAULT_PRIORITY
     #: ``Unique(...)``: while a job with the same key holds it, a dispatch of another is a duplicate.
     UNIQUE: ClassVar[Unique | None] = None
+    #: ``Limit(...)``: how many runs may go on at once, and how often one may begin.
+    LIMIT: ClassVar[Limit | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -55,6 +58,8 @@ class Job:
             check_priority(cls.PRIORITY, f"job class {cls.__qualname__}: PRIORITY")
         if "UNIQUE" in cls.__dict__:
             check_unique(cls.UNIQUE, f"job class {cls.__qualname__}: UNIQUE")
+        if "LIMIT" in cls.__dict__:
+            check_limit(cls.LIMIT, f"job class {cls.__qualname__}: LIMIT")
         if "KEEP_RESULT" in cls.__dict__ and cls.KEEP_RESULT is not None:
             cls.KEEP_RESULT = check_keep_result(cls.KEEP_RESULT, f"job class {cls.__qualname__}: KEEP_RESULT")
 
@@ -87,7 +92,7 @@ class Job:
         return job
 
     def unique_values(self) -> dict[str, Any]:
-        """What a ``Unique`` key is made of: the payload (a task's arguments, by parameter name)."""
+        """What a ``Unique`` or ``Limit`` key is made of: the payload (a task's arguments, by parameter name)."""
         return self.to_payload()
 
     @classmethod

@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 from .envelope import Envelope
 from .ids import created_at
+from .limits import LimitKey
+from .memory_limits import MemoryLimits
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from .ready import ReadyQueue
 from .status import DEFAULT_KEEP_RESULT, JobStatus, Progress, State, decode_result, utc
@@ -109,6 +111,12 @@ class MemoryStore:
         self._unique: dict[str, _Holder] = {}
         self._unique_lock = threading.Lock()
         self._unique_prune_at = _UNIQUE_PRUNE_AT
+        #: Concurrency and rate limits: the limit key of a claimed job (None for most), and the permits.
+        self._limit_of: Callable[[Envelope], LimitKey | None] | None = None
+        self._limits = MemoryLimits(clock, self._ready.put, self.timers.push)
+
+    def limit_with(self, limit_of: Callable[[Envelope], LimitKey | None], in_use: Callable[[], bool]) -> None:
+        self._limit_of = limit_of
 
     def put(self, envelope: Envelope, delay: float, unique: UniqueKey | None = None) -> str | None:
         if unique is not None:
@@ -157,20 +165,27 @@ class MemoryStore:
             return None
         now = time.time()
         job_id = item.id
+        limit = None if self._limit_of is None else self._limit_of(item)
+        if limit is not None and self._started.get(job_id) is not _CANCELLED and not self._limits.admit(item, limit):
+            return None  # over its limit: it waits for a permit, or for its turn
         if self._started.setdefault(job_id, now) is not now:
             # cancel() ended it while it waited: it does not run; the loop asks again.
             self._started.pop(job_id, None)
+            self._limits.ended(item)
+            self._limits.dropped(item)
             return None
         return item
 
     def complete(self, envelope: Envelope, result: str | None, keep: float, progress: str | None = None) -> None:
         if keep > 0:
             self._keep(envelope, "done", keep, result=result, attempts=envelope.attempt + 1, progress=progress)
+        self._limits.ended(envelope)
         self._finish(envelope)
 
     def cancelled(self, envelope: Envelope, progress: str | None) -> None:
         if self.keep_dead > 0:
             self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, progress=progress)
+        self._limits.ended(envelope)
         self._finish(envelope)
 
     def progress(self, envelope: Envelope, progress: Progress) -> None:
@@ -197,31 +212,35 @@ class MemoryStore:
     def _prune_cancelled(self) -> None:
         """Drop from the timers the parked jobs cancel() ended: a delay of days would hold them that long."""
         self._cancelled_since_prune = 0
-        dropped: list[str] = []
+        dropped: list[Envelope] = []
 
         def keep(envelope: Envelope) -> bool:
             if self._started.get(envelope.id) is _CANCELLED:
-                dropped.append(envelope.id)
+                dropped.append(envelope)
                 return False
             return True
 
         self.timers.prune(keep)
-        for job_id in dropped:
-            self._started.pop(job_id, None)  # what its claim would have done
+        for envelope in dropped:  # what their claims would have done
+            self._started.pop(envelope.id, None)
+            self._limits.dropped(envelope)
 
     def dead(self, envelope: Envelope, error: str) -> None:
         if self.keep_dead > 0:
             self._keep(envelope, "dead", self.keep_dead, error=error, attempts=envelope.attempt)
+        self._limits.ended(envelope)
         self._finish(envelope)
 
     def park(self, envelope: Envelope, due: float) -> None:
         self._progress.pop(envelope.id, None)  # the next run reports its own
         self._started.pop(envelope.id, None)
+        self._limits.ended(envelope)
         self.timers.push(due, envelope)
 
     def release(self, envelope: Envelope) -> None:
         self._progress.pop(envelope.id, None)
         self._started.pop(envelope.id, None)
+        self._limits.ended(envelope)
         self._ready.put(envelope)
 
     def wake(self, count: int) -> None:

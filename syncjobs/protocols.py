@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -11,6 +12,7 @@ from typing_extensions import Self
 
 from .dead_letters import DeadLetterCallback
 from .envelope import Envelope
+from .limits import LimitKey
 from .status import JobHandle, JobStatus, Progress
 from .unique import UniqueKey
 
@@ -103,6 +105,12 @@ class QueueStore(Store, Protocol):
         """Enqueue the envelope; with ``unique``, only if no other job holds that key: else the holder's id."""
 
     def status(self, job_id: str) -> JobStatus | None: ...
+
+    def limit_with(self, limit_of: Callable[[Envelope], LimitKey | None], in_use: Callable[[], bool]) -> None:
+        """Hold claimed jobs to their limits: ``limit_of(envelope)`` is a job's limit key, None for most.
+
+        ``in_use()``: whether any job class of the queue declares a limit yet.
+        """
 
     def cancel(self, job_id: str) -> str | None:
         """Cancel the job: ``"ended"`` if it was waiting (it never runs), ``"requested"`` if it runs; else None."""

@@ -23,7 +23,8 @@ from .function_tasks import FunctionJob, TaskDecorator
 from .hooks import DispatchHook, DispatchHooks
 from .ids import new_job_id
 from .job import DEFAULT_PRIORITY, MAX_NAME_LENGTH, Job, check_keep_result, check_priority, check_timeout
-from .payload import encode
+from .limits import LimitKey
+from .payload import decode, encode
 from .protocols import C, Delay, J, QueueStore
 from .registry import JobFinder, Registry
 from .scheduler import JobMaker, MemoryRecords, Periodic, Scheduler, ScheduleRecords, ScheduleState, slot_key
@@ -103,6 +104,7 @@ class StoreQueue:
         #: Where dispatches go instead while a test diverts them (see ``divert_dispatches``).
         self._diverted_to: StoreQueue | None = None
         self._scheduler = Scheduler(self._dispatch_slot, self._schedule_records())
+        store.limit_with(self._limit_of, lambda: self._registry.any_limited)
         exit_watch.watch(self)
 
     def share_jobs_of(self, other: StoreQueue) -> None:
@@ -161,6 +163,28 @@ class StoreQueue:
             return self._diverted_to.dispatch(job, delay=delay, run_at=run_at, priority=priority)
         envelope, seconds, unique = self._checked(job, delay, run_at, priority)
         return self.handle_of(envelope.name, envelope.id, self._store.put(envelope, seconds, unique))
+
+    def _limit_of(self, envelope: Envelope) -> LimitKey | None:
+        """The limit key of a claimed job whose class declares ``LIMIT`` (None for the others: a dict lookup)."""
+        job_cls = self._registry.get(envelope.name)  # a finder may find it: a class of a NAME not seen yet
+        if job_cls is None or job_cls.LIMIT is None:
+            return None
+        limit = job_cls.LIMIT
+        if not limit.fields and limit.key is None:  # one key for the NAME: no payload to read
+            return limit.key_of(envelope.name, {}, self.unique_scope)
+        try:
+            job = job_cls.from_payload(decode(envelope.payload))
+            return job_cls.LIMIT.key_of(envelope.name, job.unique_values(), self.unique_scope)
+        except Exception:
+            # Checked at its dispatch: only a payload from elsewhere (another version of the job) gets here.
+            # Its run fails the same way, where the worker loop reports it; its limit cannot hold it back.
+            logger.error(
+                "job %s (%s): its limit key cannot be made; it runs without its limit",
+                envelope.name,
+                envelope.id,
+                exc_info=True,
+            )
+            return None
 
     def handle_of(self, name: str, job_id: str, holder: str | None) -> JobHandle:
         """What a dispatch returns: its job's handle or, if ``holder`` held its unique key, that one's (a duplicate)."""
@@ -324,6 +348,7 @@ class StoreQueue:
         envelope = self._new_envelope(job, priority)
         seconds = delay_seconds(envelope.name, delay, run_at)
         unique = unique_key(job, self.unique_scope)
+        limit_key(job, self.unique_scope)  # a key that cannot be made is refused here, not at its claim
         self._check_envelope(envelope)
         return envelope, seconds, unique
 
@@ -534,6 +559,12 @@ def new_envelope(registry: Registry, job: Job, priority: int | None = None) -> E
     return PrioritizedEnvelope(
         new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context(), priority
     )
+
+
+def limit_key(job: Job, scope: str) -> LimitKey | None:
+    """The limit key of a job whose class declares ``LIMIT``, in ``scope``; ``QueueError`` naming the job if none."""
+    limit = type(job).LIMIT
+    return None if limit is None else limit.key_of(type(job).NAME, job.unique_values(), scope)
 
 
 def unique_key(job: Job, scope: str) -> UniqueKey | None:

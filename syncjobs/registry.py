@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from .errors import QueueError
 from .job import Job, check_max_attempts, check_name, check_timeout
+from .limits import check_limit
 from .unique import check_unique
 
 J = TypeVar("J", bound=type[Job])
@@ -30,6 +31,8 @@ class Registry:
         #: NAMEs no finder found, with when they may be looked for again (monotonic).
         self._unfound: dict[str, float] = {}
         self._lock = threading.Lock()
+        #: Whether any class registered declares a ``LIMIT``: until one does, claims look no further.
+        self.any_limited = False
 
     def register(self, job_cls: J) -> J:
         if not (isinstance(job_cls, type) and issubclass(job_cls, Job)):
@@ -40,6 +43,10 @@ class Registry:
         unique = check_unique(job_cls.UNIQUE, f"job class {job_cls.__qualname__}: UNIQUE")
         if unique is not None:  # a field the class does not have, where its fields are known
             unique.check_fields(job_cls.unique_field_names(), f"job class {job_cls.__qualname__}")
+        limit = check_limit(job_cls.LIMIT, f"job class {job_cls.__qualname__}: LIMIT")
+        if limit is not None:
+            limit.check_fields(job_cls.unique_field_names(), f"job class {job_cls.__qualname__}")
+            self.any_limited = True
         with self._lock:
             taken = self._by_name.setdefault(name, job_cls)
         if taken is not job_cls:

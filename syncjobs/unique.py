@@ -8,13 +8,11 @@ key's hash in a database (see ``database/unique_keys.py``).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal, NamedTuple
 
-from .errors import QueueError
+from .job_keys import KeyFunction, check_key_spec, check_known_fields, key_digest
 
 #: How long a key holds: while the job waits to run (queued, scheduled, or
 #: waiting for a retry), or until it has finished (done, dead or cancelled);
@@ -42,19 +40,11 @@ class Unique:
     def __init__(
         self,
         *fields: str,
-        key: Callable[[dict[str, Any]], Any] | None = None,
+        key: KeyFunction | None = None,
         holds: Holds | None = None,
         seconds: float | None = None,
     ) -> None:
-        for field in fields:
-            if not isinstance(field, str) or not field:
-                raise TypeError(f"Unique(): fields are payload field names (strings), got {field!r}")
-        if len(set(fields)) != len(fields):
-            raise TypeError(f"Unique(): a field is named twice in {fields!r}")
-        if fields and key is not None:
-            raise TypeError("Unique(): give payload fields or a key function, not both")
-        if key is not None and not callable(key):
-            raise TypeError(f"Unique(): key must be a function of the payload, got {key!r}")
+        check_key_spec("Unique()", fields, key)
         if seconds is not None:
             if holds is not None:
                 raise TypeError("Unique(): give holds= or seconds=, not both")
@@ -89,37 +79,14 @@ class Unique:
 
     def check_fields(self, known: Iterable[str] | None, what: str) -> None:
         """``TypeError`` for a field not among ``known`` (a dataclass's fields, a function's parameters)."""
-        if known is None:
-            return
-        names = list(known)
-        missing = [field for field in self.fields if field not in names]
-        if missing:
-            raise TypeError(f"{what}: Unique() names {', '.join(map(repr, missing))}, not among {names}")
+        check_known_fields("Unique()", self.fields, known, what)
 
     def key_of(self, name: str, values: Mapping[str, Any], scope: str = "") -> UniqueKey:
         """The key of a job named ``name`` whose payload (a task's arguments) is ``values``; ``QueueError`` if none.
 
         ``scope``: where the key holds (a database queue's name: each queue of a table has its own keys).
         """
-        if self.fields:
-            missing = [field for field in self.fields if field not in values]
-            if missing:
-                raise QueueError(
-                    f"job {name!r}: its unique key's field(s) {', '.join(map(repr, missing))} are not in its payload"
-                )
-            part: Any = [values[field] for field in self.fields]
-        elif self.key is not None:
-            try:
-                part = self.key(dict(values))
-            except Exception as exc:
-                raise QueueError(f"job {name!r}: its unique key function raised {type(exc).__name__}: {exc}") from exc
-        else:
-            part = values
-        try:
-            text = json.dumps([scope, name, part], sort_keys=True, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise QueueError(f"job {name!r}: its unique key must be JSON: {exc}") from exc
-        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+        digest = key_digest("unique key", name, values, fields=self.fields, key=self.key, scope=scope)
         return UniqueKey(digest, "seconds" if self.seconds is not None else str(self.holds), self.seconds)
 
 

@@ -195,6 +195,8 @@ class LedgerJob(syncjobs.Job):
     n: int
     seconds: float = 0.0
     fatal_on_retry: bool = False
+    #: If given, only a run in that process works for ``seconds``.
+    slow_pid: int = 0
 
     def run(self) -> None:
         info = syncjobs.current_job()
@@ -205,12 +207,26 @@ class LedgerJob(syncjobs.Job):
         try:
             if info.attempt > 0 and self.fatal_on_retry:
                 raise syncjobs.Fatal("second run")
-            if self.seconds and info.attempt == 0:
+            if self.seconds and info.attempt == 0 and self.slow_pid in (0, os.getpid()):
                 # Plain blocking work that does not look at the cancel token, as a
                 # slow API call would; only a killed or stopped process interrupts it.
                 threading.Event().wait(self.seconds)
         finally:
             ledger.finish(self.queue, run)
+
+
+class LimitedLedgerJob(LedgerJob):
+    """A ledger job of which at most two run at once, across every process."""
+
+    NAME = "tests.ledger_limited"
+    LIMIT = syncjobs.Limit(running=2)
+
+
+class RatedLedgerJob(LedgerJob):
+    """A ledger job of which at most 60 begin a minute (one a second), across every process."""
+
+    NAME = "tests.ledger_rated"
+    LIMIT = syncjobs.Limit(rate="60/m")
 
 
 class OnceLedgerJob(LedgerJob):
@@ -297,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     queue.register(LedgerJob)
     queue.register(OnceLedgerJob)
+    queue.register(LimitedLedgerJob)
+    queue.register(RatedLedgerJob)
     queue.register(KillerJob)
     queue.register(SumJob)
     queue.register(WaitJob)

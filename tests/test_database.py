@@ -69,7 +69,14 @@ def drop_tables(url: str, table: str) -> None:
 
 def old_ddl(url: str, table: str, version: int) -> list[str]:
     """The statements an earlier schema version ran (each version only added to what was there)."""
-    added = {2: ("_workers", "_done"), 3: ("_finished",), 4: ("_results",), 7: ("_unique",), 8: ("_schedules",)}
+    added = {
+        2: ("_workers", "_done"),
+        3: ("_finished",),
+        4: ("_results",),
+        7: ("_unique",),
+        8: ("_schedules",),
+        9: ("_limits", "_permits"),
+    }
     later = [suffix for since, suffixes in added.items() if since > version for suffix in suffixes]
     statements = [s for s in ddl(dialect_for(url), table) if not any(f"{table}{suffix} " in s for suffix in later)]
     statements = [s for s in statements if not any(f"{table}{suffix}_" in s for suffix in later)]

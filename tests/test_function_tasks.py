@@ -206,7 +206,7 @@ def test_bad_task_options_are_refused_at_decoration() -> None:
     queue = syncjobs.InMemoryJobQueue(workers=0)
     with pytest.raises(
         TypeError,
-        match=r"unexpected argument\(s\) queue; it takes keep_result, max_attempts, name, priority, retry_wait",
+        match=r"unexpected argument\(s\) queue; it takes keep_result, limit, max_attempts, name, priority, retry_wait",
     ):
         queue.task(name="x", queue="reports")(module_level)
     with pytest.raises(TypeError, match="MAX_ATTEMPTS must be an int >= 1"):

@@ -19,6 +19,7 @@ from . import queries
 from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
 from .fetcher import row_priority
+from .permits import WAITING_AT
 from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT, SCHEMA_VERSION, install, record_version
 from .unique_keys import UniqueKeys
 
@@ -382,9 +383,10 @@ def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
     elif attempt:
         state = "retrying"
     else:
-        # 'claimed': in a worker's buffer, about to run.
-        state = "scheduled" if row_state == "queued" and run_at is not None and run_at > now else "queued"
-    waiting = state in ("queued", "scheduled", "retrying")
+        # 'claimed': in a worker's buffer, about to run. Due at WAITING_AT: waiting for its limit's permit.
+        scheduled = row_state == "queued" and run_at is not None and now < run_at < WAITING_AT
+        state = "scheduled" if scheduled else "queued"
+    waiting = state in ("queued", "scheduled", "retrying") and (run_at is None or run_at < WAITING_AT)
     return JobStatus(
         job_id,
         name,

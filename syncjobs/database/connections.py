@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import tenacity
 
 from ..errors import QueueError
-from .dialect import STATEMENT_TIMEOUT
+from .dialect import STATEMENT_TIMEOUT, Dialect
 from .dialects import Connector
 
 logger = logging.getLogger("syncjobs.database")
@@ -318,24 +318,25 @@ class Connections:
         raise AssertionError("unreachable: tenacity re-raises")  # pragma: no cover
 
     def transaction(
-        self, operation: Callable[[Any], T], *, timeout: float | None = None, subject: str | None = None
+        self,
+        operation: Callable[[Any], T],
+        *,
+        timeout: float | None = None,
+        subject: str | None = None,
+        read_committed: bool = False,
     ) -> T:
-        """Like :meth:`run`, inside one transaction (BEGIN IMMEDIATE on SQLite)."""
+        """Like :meth:`run`, inside one transaction (BEGIN IMMEDIATE on SQLite).
 
-        def in_transaction(cursor: Any) -> T:
-            cursor.execute(self.dialect.begin)
-            try:
-                result = operation(cursor)
-            except BaseException:
-                try:
-                    cursor.execute("ROLLBACK")
-                except Exception:
-                    logger.debug("rollback failed", exc_info=True)
-                raise
-            cursor.execute("COMMIT")
-            return result
-
-        return self.run(in_transaction, timeout=timeout, subject=subject)
+        ``read_committed``: on MySQL, this transaction reads what is committed
+        at each statement, and its locking reads lock the rows they find,
+        never the gaps between them (its default, REPEATABLE READ, does both).
+        """
+        dialect = self.dialect
+        return self.run(
+            lambda cursor: in_transaction(cursor, dialect, operation, read_committed=read_committed),
+            timeout=timeout,
+            subject=subject,
+        )
 
     def close(self, *, retire: Iterable[threading.Thread] = ()) -> None:
         """Close every connection this process opened; one in use is aborted and closed by its user.
@@ -555,3 +556,20 @@ def _attempt_end(endtime: float | None) -> float:
     """When an attempt begun now must end: ATTEMPT_TIMEOUT from now, or the operation's end if sooner."""
     end = time.monotonic() + ATTEMPT_TIMEOUT
     return end if endtime is None else min(end, endtime)
+
+
+def in_transaction(cursor: Any, dialect: Dialect, operation: Callable[[Any], T], *, read_committed: bool = False) -> T:
+    """``operation(cursor)`` between BEGIN and COMMIT, rolled back if it raises (see ``Connections.transaction``)."""
+    if read_committed and dialect.name == "mysql":
+        cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")  # the next transaction only
+    cursor.execute(dialect.begin)
+    try:
+        result = operation(cursor)
+    except BaseException:
+        try:
+            cursor.execute("ROLLBACK")
+        except Exception:  # the connection may be gone: the server rolls back
+            logger.debug("rollback failed", exc_info=True)
+        raise
+    cursor.execute("COMMIT")
+    return result

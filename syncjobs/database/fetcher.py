@@ -36,10 +36,12 @@ from typing import Any, Protocol, TypeVar
 
 from ..envelope import ClaimedEnvelope
 from ..job import DEFAULT_PRIORITY, MAX_PRIORITY, MIN_PRIORITY
+from ..limits import LimitKey
 from ..payload import a_kind
 from .claim_floor import ClaimFloor
 from .dialect import Dialect
 from .mysql import MYSQL
+from .permits import Claimed, Permits
 from .postgres import POSTGRES
 from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT
 
@@ -72,7 +74,9 @@ MARK_AFTER = 0.1
 class Runner(Protocol):
     def run(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T: ...
 
-    def transaction(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T: ...
+    def transaction(
+        self, operation: Callable[[Any], T], *, deadline: float | None = None, read_committed: bool = False
+    ) -> T: ...
 
 
 class Undecodable(Exception):
@@ -215,10 +219,19 @@ class Fetcher:
         floor: ClaimFloor | None = None,
         coalesce: float = CLAIM_COALESCE,
         prune_keys: Callable[[Any], object] = lambda cursor: None,
+        permits: Permits | None = None,
+        tend_limits: Callable[[], object] = lambda: None,
     ) -> None:
         self._runner = runner
         #: ``prune_keys(cursor)`` deletes unique keys no job holds (housekeeping).
         self._prune_keys = prune_keys
+        #: Limits: ``limit_of(envelope)`` is a claimed job's limit key (None for most; see ``StoreQueue``),
+        #: ``permits`` admits the jobs that have one; housekeeping calls ``tend_limits()``.
+        self.limit_of: Callable[[ClaimedEnvelope], LimitKey | None] | None = None
+        self._permits = permits
+        self._tend_limits = tend_limits
+        #: Whether the last claim sent rows back to wait for their limits: then it claims again at once.
+        self._sent_back = False
         self._sql = sql
         self._dialect = dialect
         self.queue = queue
@@ -381,7 +394,7 @@ class Fetcher:
                 self._hold(claimed)
                 for envelope in claimed:
                     self._ready.put(envelope)
-            if len(claimed) < want:
+            if len(claimed) < want and not self._sent_back:
                 # The queue is drained for now: the next rows come with a
                 # wake-up or are due by the next look, and claiming again at
                 # once would only find nothing.
@@ -503,9 +516,48 @@ class Fetcher:
                 self._poison(row, token, str(exc))
                 continue
             envelopes.append(envelope)
+        self._sent_back = False
+        if self.limit_of is not None and envelopes:
+            envelopes = self._admit(envelopes, places, token)
         with self._want:
             self._unstarted.update(envelope.id for envelope in envelopes)
         return envelopes
+
+    def _admit(
+        self, envelopes: list[ClaimedEnvelope], places: dict[str, tuple[int, float]], token: str
+    ) -> list[ClaimedEnvelope]:
+        """The claimed envelopes that may run: those with a limit key get a permit, or go back to wait."""
+        limit_of = self.limit_of
+        claimed: list[Claimed] = []
+        for envelope in envelopes:
+            limit = None if limit_of is None else limit_of(envelope)
+            if limit is not None:
+                priority, run_at = places[envelope.id]
+                claimed.append(Claimed(envelope, limit, priority, run_at if math.isfinite(run_at) else 0.0))
+        if not claimed or self._permits is None:
+            return envelopes
+        permits = self._permits
+        try:
+            # Within a part of the lease: the rows of this claim are not renewed until it returns.
+            sent_back, lost, let_go = self._runner.transaction(
+                lambda cursor: permits.admit(cursor, claimed, token), deadline=self.lease / 3, read_committed=True
+            )
+        except Exception:
+            # Their rows stay claimed, unheld: their leases expire and they come back untouched.
+            logger.exception("admitting %d job(s) with limits failed; their leases will bring them back", len(claimed))
+            limited = {each.envelope.id for each in claimed}
+            return [envelope for envelope in envelopes if envelope.id not in limited]
+        for each in claimed:
+            if each.limit.running is not None:  # what the end of its run lets go
+                each.envelope.limit = each.limit.digest
+        if sent_back or let_go:  # claim again at once: there is more to take, or to send back
+            self._sent_back = True
+            logger.debug("%d job(s) of queue %r wait for their limits", len(sent_back), self.queue)
+        if lost:  # an admission that came too late: another claim has them now
+            logger.warning(
+                "%d claimed job(s) of queue %r were claimed again before their admission", len(lost), self.queue
+            )
+        return [envelope for envelope in envelopes if envelope.id not in sent_back and envelope.id not in lost]
 
     def _poison(self, row: Sequence[Any], token: str, reason: str) -> None:
         envelope = salvage(row, token)
@@ -608,3 +660,7 @@ class Fetcher:
                 )
             else:
                 self._dead(envelope, error)
+        try:
+            self._tend_limits()
+        except Exception:  # its failure must not stop lease recovery: the next round tries again
+            logger.warning("tending the limits of queue %r failed", self.queue, exc_info=True)

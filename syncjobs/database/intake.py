@@ -27,6 +27,7 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..errors import QueueError
+from .connections import in_transaction
 from .dialect import Dialect
 from .dialects import MYSQL, POSTGRES
 
@@ -105,13 +106,7 @@ class Intake:
             if not own_transaction:
                 self._insert_absent(cursor, batches)
                 return
-            cursor.execute(self._dialect.begin)
-            try:
-                self._insert_absent(cursor, batches)
-            except BaseException:
-                cursor.execute("ROLLBACK")
-                raise
-            cursor.execute("COMMIT")
+            in_transaction(cursor, self._dialect, lambda c: self._insert_absent(c, batches))
 
         return insert
 

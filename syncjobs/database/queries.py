@@ -395,3 +395,63 @@ SCHEDULES_LIST = (
     "SELECT queue, name, description, last_slot, next_slot, {now} FROM {table}_schedules WHERE 1 = 1{queue_filter} "
     "ORDER BY queue, name"
 )
+
+# -- concurrency and rate limits: see permits.py ------------------------------------
+
+# A limit key's row, locked by every claim and let-go that counts its permits.
+LIMIT_ENSURE = (
+    "INSERT INTO {table}_limits (limit_key, queue, running, next_at, booked_until) VALUES (?, ?, ?, 0, 0) "
+    "ON CONFLICT (limit_key) DO NOTHING"
+)
+LIMIT_ENSURE_MYSQL = (
+    "INSERT INTO {table}_limits (limit_key, queue, running, next_at, booked_until) VALUES (?, ?, ?, 0, 0) "
+    "ON DUPLICATE KEY UPDATE limit_key = limit_key"
+)
+LIMIT_READ = "SELECT running, next_at, booked_until, {now} FROM {table}_limits WHERE limit_key = ?"
+LIMIT_WRITE = "UPDATE {table}_limits SET running = ?, next_at = ?, booked_until = ? WHERE limit_key = ?"
+# Keys of a queue nothing needs any more (no permit, no rate turn to come): each deleted under its lock.
+LIMITS_UNUSED = (
+    "SELECT limit_key FROM {table}_limits WHERE queue = ? AND booked_until < {now_once} - 60 AND NOT EXISTS "
+    "(SELECT 1 FROM {table}_permits p WHERE p.limit_key = {table}_limits.limit_key) LIMIT 100"
+)
+LIMIT_USED = "SELECT COUNT(*) FROM {table}_permits WHERE limit_key = ?"
+LIMIT_DELETE = "DELETE FROM {table}_limits WHERE limit_key = ?"
+LIMITS_ANY = "SELECT limit_key FROM {table}_limits WHERE queue = ? LIMIT 1"
+
+# Whose claims the admission acts on: the rows still leased by the claim that took them.
+PERMITS_STILL_CLAIMED = f"SELECT id FROM {{table}} WHERE id IN ({{ids}}) AND lease_token = ? AND state IN {LEASED}"
+PERMITS_OF = "SELECT job_id, kind, run_at FROM {table}_permits WHERE job_id IN ({ids})"
+# The key's permits in use, with their jobs as they are (a plain read: it locks no job row).
+PERMITS_IN_USE = (
+    "SELECT p.job_id, p.kind, p.lease_token, j.state, j.lease_token FROM {table}_permits p "
+    "LEFT JOIN {table} j ON j.id = p.job_id WHERE p.limit_key = ? AND p.kind IN ('held', 'let_go')"
+)
+PERMITS_ANY_WAITING = "SELECT job_id FROM {table}_permits WHERE limit_key = ? AND kind = 'waiting' LIMIT 1"
+PERMIT_DROP = "DELETE FROM {table}_permits WHERE job_id = ?"
+PERMIT_PUT = (
+    "INSERT INTO {table}_permits (job_id, limit_key, kind, lease_token, priority, run_at) VALUES (?, ?, ?, ?, ?, ?)"
+)
+# A claimed row over its limit goes back to wait, its run not begun (fenced on its claim).
+PERMIT_WAIT = (
+    "UPDATE {table} SET state = " + REQUEUED_STATE + ", finished_at = " + REQUEUED_FINISHED + ", run_at = ?, "
+    "started_at = NULL, lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
+)
+PERMITS_WAITING = (
+    "SELECT job_id, run_at FROM {table}_permits WHERE limit_key = ? AND kind = 'waiting' "
+    "ORDER BY priority DESC, run_at LIMIT ?"
+)
+# The job let go: due again at its due time of before (it keeps its place), if it still waits.
+PERMIT_LET_GO = "UPDATE {table} SET run_at = ? WHERE id = ? AND state = 'queued' AND run_at >= ?"
+PERMIT_KIND = "UPDATE {table}_permits SET kind = ? WHERE job_id = ?"
+PERMITS_WAITING_KEYS = (
+    "SELECT DISTINCT p.limit_key FROM {table}_permits p JOIN {table}_limits l ON l.limit_key = p.limit_key "
+    "WHERE p.kind = 'waiting' AND l.queue = ? AND p.limit_key > ? ORDER BY p.limit_key LIMIT ?"
+)
+# A page of permits, for housekeeping's look for those of jobs gone (held) or no longer live (the others).
+# Those a claim or a let-go holds locked are skipped: they are looked at by the next round.
+PERMITS_PAGE = "SELECT job_id FROM {table}_permits WHERE job_id > ? ORDER BY job_id LIMIT ?"
+PERMITS_PRUNE = (
+    "DELETE FROM {table}_permits WHERE job_id IN ({ids}) AND NOT EXISTS (SELECT 1 FROM {table} j "
+    "WHERE j.id = {table}_permits.job_id AND ({table}_permits.kind = 'held' OR j.state IN ('queued', "
+    f"{LEASED[1:]}))"
+)

@@ -15,7 +15,7 @@ from ..errors import QueueError
 from ..job import Job, check_keep_result
 from ..payload import dead_letter_from_text
 from ..protocols import Delay
-from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, unique_key
+from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, limit_key, unique_key
 from ..scheduler import ScheduleRecords, ScheduleState
 from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
 from ..unique import UniqueKey
@@ -270,6 +270,7 @@ class DatabaseJobQueue(StoreQueue):
             envelope = self._new_envelope(job, priority)
             items.append((envelope, delay_seconds(envelope.name, delay, run_at)))
             keys.append(unique_key(job, self.queue_name))
+            limit_key(job, self.queue_name)
         if not items:
             return []
         if connection is not None:

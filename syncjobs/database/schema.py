@@ -22,10 +22,11 @@ from .dialects import MYSQL, POSTGRES, SQLITE, Dialect
 #: claim's index ``<table>_ready`` (queue, state, priority DESC, run_at).
 #: 7: adds ``<table>_unique`` (unique jobs' keys and the jobs that hold them).
 #: 8: adds ``<table>_schedules`` (each periodic job's last slot dispatched, and its next).
-SCHEMA_VERSION = 8
+#: 9: adds ``<table>_limits`` and ``<table>_permits`` (concurrency and rate limits: see permits.py).
+SCHEMA_VERSION = 9
 
 #: The tables beside the jobs table, by the suffix of their names.
-COMPANIONS = ("_schema", "_workers", "_done", "_finished", "_results", "_unique", "_schedules")
+COMPANIONS = ("_schema", "_workers", "_done", "_finished", "_results", "_unique", "_schedules", "_limits", "_permits")
 
 #: Seconds a finished job's id is kept in ``<table>_finished`` (far longer than any dispatch retries),
 #: and a per-second count of done jobs in ``<table>_done`` (for stats).
@@ -50,6 +51,8 @@ _ADDED_INDEXES = [("_ready", "queue, state, priority DESC, run_at")]
 #: Indexes of earlier versions that no query reads any more (each is written at every dispatch and
 #: claim): dropped once what replaces them is there. ``_claim`` (queue, state, run_at), until version 5.
 _RETIRED_INDEXES = ["_claim"]
+#: A key's permits by kind, the waiting ones in the order they go.
+_PERMITS_KEY = "limit_key, kind, priority DESC, run_at"
 
 
 # PostgreSQL: every job leaves dead tuples (its claim's UPDATE and its
@@ -144,6 +147,7 @@ def _tables(dialect: Dialect, table: str) -> list[str]:
     finished_index = f",\n        INDEX {table}_finished_at (finished_at)" if dialect is MYSQL else ""
     expires_index = f",\n        INDEX {table}_results_expires (expires_at)" if dialect is MYSQL else ""
     unique_expires_index = f",\n        INDEX {table}_unique_expires (expires_at)" if dialect is MYSQL else ""
+    permits_index = f",\n        INDEX {table}_permits_key ({_PERMITS_KEY})" if dialect is MYSQL else ""
     companions = [
         f"CREATE TABLE IF NOT EXISTS {table}_schema (version INTEGER NOT NULL){engine}",
         # One row per worker process (per queue it serves), renewed by its heartbeat.
@@ -206,6 +210,27 @@ def _tables(dialect: Dialect, table: str) -> list[str]:
         next_slot {real} NOT NULL,
         updated_at {real} NOT NULL
 ){engine}""",
+        # One row per limit key: the lock that every claim and let-go counting its permits takes, its
+        # runs at once (as the last claim had it), and by the database's clock the earliest its rate
+        # lets the next run begin and the first turn not yet booked.
+        f"""CREATE TABLE IF NOT EXISTS {table}_limits (
+        limit_key CHAR(64) NOT NULL PRIMARY KEY,
+        queue VARCHAR(100) NOT NULL,
+        running INTEGER,
+        next_at {real} NOT NULL,
+        booked_until {real} NOT NULL
+){engine}""",
+        # A permit per job with a limit key that holds one ('held', by its claim's lease token), waits
+        # for one ('waiting', with its priority and due time: the first goes first), was let go and has
+        # one kept for it ('let_go'), or has a rate's turn booked ('booked').
+        f"""CREATE TABLE IF NOT EXISTS {table}_permits (
+        job_id {key} NOT NULL PRIMARY KEY,
+        limit_key CHAR(64) NOT NULL,
+        kind VARCHAR(8) NOT NULL,
+        lease_token {key},
+        priority INTEGER NOT NULL,
+        run_at {real} NOT NULL{permits_index}
+){engine}""",
     ]
     if dialect is MYSQL:
         # MySQL has no CREATE INDEX IF NOT EXISTS: the indexes go in the table.
@@ -221,6 +246,7 @@ def _tables(dialect: Dialect, table: str) -> list[str]:
         f"CREATE INDEX IF NOT EXISTS {table}_finished_at ON {table}_finished (finished_at)",
         f"CREATE INDEX IF NOT EXISTS {table}_results_expires ON {table}_results (expires_at)",
         f"CREATE INDEX IF NOT EXISTS {table}_unique_expires ON {table}_unique (expires_at)",
+        f"CREATE INDEX IF NOT EXISTS {table}_permits_key ON {table}_permits ({_PERMITS_KEY})",
     ]
 
 

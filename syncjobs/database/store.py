@@ -10,8 +10,8 @@ in-memory one, unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
+import functools
 import json
 import logging
 import os
@@ -19,22 +19,24 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from ..envelope import ClaimedEnvelope, Envelope
 from ..errors import QueueError
+from ..limits import LimitKey
 from ..status import JobStatus, Progress
 from ..unique import UniqueKey
 from . import queries
 from .admin import TableAdmin
 from .background import WRITE_COALESCE, Heartbeat, Leases, Listener, Loop, OutcomeWriter, ProgressWriter
-from .connections import Connections, DatabaseUnavailable
+from .connections import Connections, DatabaseUnavailable, in_transaction
 from .dialect import Dialect
 from .dialects import MYSQL, POSTGRES, SQLITE, Connector
 from .fetcher import CLAIM_COALESCE, Fetcher
 from .intake import Intake
+from .permits import Permits
 from .postgres import notify_channel
 from .sqlite import database_file
 from .unique_keys import UniqueKeys
@@ -85,6 +87,9 @@ class DatabaseStore:
         #: This process's connections to the database, shared with the queue's admin.
         self.connections = Connections(connector)
         self._unique_keys = UniqueKeys(self.dialect, table)
+        self._permits = Permits(self.dialect, table, queue)
+        #: Whether any job class of the queue declares a limit (else housekeeping leaves the limit tables be).
+        self._limits_in_use: Callable[[], bool] = lambda: False
         self._fetcher = Fetcher(
             self,
             self._sql,
@@ -98,6 +103,8 @@ class DatabaseStore:
             on_dead=self._dead_by_fetcher,
             hold=self._hold,
             prune_keys=self._unique_keys.prune,
+            permits=self._permits,
+            tend_limits=self._tend_limits,
         )
         self._intake = Intake(self._sql, self.dialect, lambda: self.channel, connector.is_contention)
         self._is_contention = connector.is_contention
@@ -172,10 +179,12 @@ class DatabaseStore:
         self._relax_if_marked()
         return self.connections.run(operation, timeout=deadline)
 
-    def transaction(self, operation: Callable[[Any], T], *, deadline: float | None = None) -> T:
-        """Like :meth:`run`, inside one transaction (BEGIN IMMEDIATE on SQLite)."""
+    def transaction(
+        self, operation: Callable[[Any], T], *, deadline: float | None = None, read_committed: bool = False
+    ) -> T:
+        """Like :meth:`run`, inside one transaction (BEGIN IMMEDIATE on SQLite); see ``Connections.transaction``."""
         self._relax_if_marked()
-        return self.connections.transaction(operation, timeout=deadline)
+        return self.connections.transaction(operation, timeout=deadline, read_committed=read_committed)
 
     # -- intake ---------------------------------------------------------------
 
@@ -263,18 +272,13 @@ class DatabaseStore:
             try:
                 if not own:
                     return self._take_and_insert(cursor, claims, items, params, idempotent=idempotent)
-                if self.dialect is MYSQL:
-                    # This transaction only: its locking reads lock rows, never the gaps between them.
-                    cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                cursor.execute(self.dialect.begin)
-                try:
-                    taken = self._take_and_insert(cursor, claims, items, params, idempotent=idempotent)
-                except BaseException:
-                    with contextlib.suppress(Exception):  # the connection may be gone: the server rolls back
-                        cursor.execute("ROLLBACK")
-                    raise
-                cursor.execute("COMMIT")
-                return taken
+                # On MySQL its locking reads lock rows, never the gaps between them.
+                return in_transaction(
+                    cursor,
+                    self.dialect,
+                    lambda c: self._take_and_insert(c, claims, items, params, idempotent=idempotent),
+                    read_committed=True,
+                )
             except Exception as exc:
                 # Refused by contention (a lock, a deadlock), a try wrote nothing: the next is plain
                 # again. Else it may have committed (its reply lost): the next inserts what is absent.
@@ -331,8 +335,48 @@ class DatabaseStore:
         return self._fetcher.take()
 
     def _settled(self, envelopes: list[ClaimedEnvelope]) -> None:
+        # Their waiting jobs let go first: a queue that says it is drained has none waiting on these runs.
+        ended = {envelope.limit for envelope in envelopes if envelope.limit is not None}
+        if ended:
+            self._let_go(ended)
         self._fetcher.settled(envelopes)
         self._announce_finish()
+
+    def limit_with(self, limit_of: Callable[[Envelope], LimitKey | None], in_use: Callable[[], bool]) -> None:
+        self._fetcher.limit_of = limit_of
+        self._limits_in_use = in_use
+
+    def _let_go(self, digests: Iterable[str]) -> None:
+        """Runs of these limit keys ended: their next waiting jobs go (see ``permits.py``), and workers are woken."""
+        for digest in sorted(digests):
+
+            def let_go(cursor: Any, digest: str = digest) -> list[str]:
+                ids = self._permits.let_go(cursor, digest)
+                if ids and self.dialect is POSTGRES:  # sent at the commit
+                    cursor.execute(self._sql["NOTIFY"], (self.channel, ids[0]))
+                return ids
+
+            try:
+                ids = self.transaction(let_go, deadline=self.dispatch_timeout, read_committed=True)
+            except Exception:
+                logger.warning("letting go the jobs waiting on a limit failed; housekeeping will", exc_info=True)
+                continue
+            if ids:
+                logger.debug("%d job(s) waiting on a limit of queue %r let go", len(ids), self.queue)
+                self._fetcher.kick()
+                self._waker.wake()
+
+    def _tend_limits(self) -> None:
+        """Housekeeping: forget ended permits and unused keys; let go what waits where permits are free."""
+        permits = self._permits
+        if not self._limits_in_use() and not self.run(permits.any_keys, deadline=self.dispatch_timeout):
+            return  # no class declares a limit, and no key of this queue was left behind by one that did
+        # Read committed on MySQL: its deletes lock the rows they delete, not the gaps a claim inserts into.
+        self.transaction(permits.prune, deadline=self.dispatch_timeout, read_committed=True)
+        for digest in self.run(permits.unused_keys, deadline=self.dispatch_timeout):
+            forget = functools.partial(permits.forget_key, digest=digest)
+            self.transaction(forget, deadline=self.dispatch_timeout, read_committed=True)
+        self._let_go(self.run(permits.waiting_keys, deadline=self.dispatch_timeout))
 
     # Outcomes go through the outcome writer's thread: no worker (and no
     # shutdown) waits on the database for longer than a bound. Settled once

@@ -12,12 +12,12 @@ the job of anyone who took the key over meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from ..unique import UniqueKey
 from . import queries
+from .connections import in_transaction
 from .dialect import Dialect
 from .dialects import MYSQL, POSTGRES, SQLITE
 
@@ -145,25 +145,20 @@ class UniqueKeys:
         if self._dialect is SQLITE:  # a dispatch holds the database's write lock, not a row's
             cursor.execute(forget, keys + ids)
             return max(0, int(cursor.rowcount))
-        if self._dialect is MYSQL:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")  # rows locked, not gaps
-        cursor.execute(self._dialect.begin)
-        try:
+
+        def forget_free(cursor: Any) -> int:
             cursor.execute(self._sql["UNIQUE_FORGET_LOCK"].replace("{keys}", marks).replace("{ids}", marks), keys + ids)
             free = {str(row[0]) for row in cursor.fetchall()}
-            pairs = [(key, job_id) for key, job_id in pairs if key in free]
-            count = 0
-            if pairs:
-                marks = self._marks(len(pairs))
-                forget = self._sql["UNIQUE_FORGET"].replace("{keys}", marks).replace("{ids}", marks)
-                cursor.execute(forget, [key for key, _ in pairs] + [job_id for _, job_id in pairs])
-                count = max(0, int(cursor.rowcount))
-        except BaseException:
-            with contextlib.suppress(Exception):
-                cursor.execute("ROLLBACK")
-            raise
-        cursor.execute("COMMIT")
-        return count
+            left = [(key, job_id) for key, job_id in pairs if key in free]
+            if not left:
+                return 0
+            more = self._marks(len(left))
+            forget = self._sql["UNIQUE_FORGET"].replace("{keys}", more).replace("{ids}", more)
+            cursor.execute(forget, [key for key, _ in left] + [job_id for _, job_id in left])
+            return max(0, int(cursor.rowcount))
+
+        # Read committed on MySQL: rows locked, not gaps.
+        return in_transaction(cursor, self._dialect, forget_free, read_committed=True)
 
     def _stale(self, cursor: Any, page: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """The keys of ``page`` whose jobs are gone or have ended."""
