@@ -151,8 +151,3 @@ class MemoryLimits:
             key.kept.add(envelope.id)
             self._kept[envelope.id] = digest
             self._ready(envelope)
-
-    def waiting(self) -> int:
-        """Jobs waiting for a permit (not those booked for a rate's turn: they are in the timer heap)."""
-        with self._lock:
-            return sum(len(key.waiting) for key in self._keys.values())

@@ -232,20 +232,19 @@ class StoreQueue:
 
     def schedules(self) -> list[ScheduleState]:
         """This queue's schedules, with the last slot dispatched (by any process) and the next one."""
-        last = self._scheduler_records().last_slots()
+        last = self._scheduler.records.last_slots()
+        # A slot due this very instant is still the next one: look from just before now.
+        now = time.time() - 1e-6
         states = []
         for each in self._scheduler.periodic():
             at = last.get(each.name)
-            following = each.schedule.next_after(time.time() if at is None else max(at, time.time() - 1e-6))
+            following = each.schedule.next_after(now if at is None else max(at, now))
             states.append(ScheduleState(each.name, each.schedule.describe(), utc(at), utc(following)))
         return states
 
     def _schedule_records(self) -> ScheduleRecords:
         """Where this queue keeps its schedules' last slots: its process's memory; a table, on a database."""
         return MemoryRecords()
-
-    def _scheduler_records(self) -> ScheduleRecords:
-        return self._scheduler.records
 
     def _dispatch_slot(self, periodic: Periodic, slot: float) -> JobHandle:
         """Dispatch the job of one slot under the slot's unique key: the first process to do so enqueues it."""

@@ -518,19 +518,22 @@ class Fetcher:
             envelopes.append(envelope)
         self._sent_back = False
         if self.limit_of is not None and envelopes:
-            envelopes = self._admit(envelopes, places, token)
+            envelopes = self._admit(envelopes, self.limit_of, places, token)
         with self._want:
             self._unstarted.update(envelope.id for envelope in envelopes)
         return envelopes
 
     def _admit(
-        self, envelopes: list[ClaimedEnvelope], places: dict[str, tuple[int, float]], token: str
+        self,
+        envelopes: list[ClaimedEnvelope],
+        limit_of: Callable[[ClaimedEnvelope], LimitKey | None],
+        places: dict[str, tuple[int, float]],
+        token: str,
     ) -> list[ClaimedEnvelope]:
         """The claimed envelopes that may run: those with a limit key get a permit, or go back to wait."""
-        limit_of = self.limit_of
         claimed: list[Claimed] = []
         for envelope in envelopes:
-            limit = None if limit_of is None else limit_of(envelope)
+            limit = limit_of(envelope)
             if limit is not None:
                 priority, run_at = places[envelope.id]
                 claimed.append(Claimed(envelope, limit, priority, run_at if math.isfinite(run_at) else 0.0))
