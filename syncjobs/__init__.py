@@ -17,7 +17,7 @@ from .retry import MAX_BACKOFF, retry_backoff, wait_seconds
 from .scheduler import ScheduleState
 from .schedules import Schedule
 from .settings import connect, from_settings, inmemory_from_settings
-from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
+from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, QueueCounts
 from .unique import Unique
 from .worker import Outcome, RunReport
 
@@ -44,6 +44,7 @@ __all__ = [
     "Limit",
     "Outcome",
     "PgJobQueue",
+    "QueueCounts",
     "QueueError",
     "Retryable",
     "RunInfo",

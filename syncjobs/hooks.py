@@ -22,6 +22,8 @@ from .job import Job
 logger = logging.getLogger("syncjobs")
 
 DispatchHook = Callable[[Job], AbstractContextManager[object]]
+#: ``observer(name)``: after a job of ``name`` is enqueued (see ``StoreQueue.observe_dispatches``).
+DispatchObserver = Callable[[str], object]
 T = TypeVar("T")
 
 
@@ -34,7 +36,8 @@ class DispatchHooks:
     def add(self, hook: DispatchHook) -> None:
         if not callable(hook):
             raise TypeError(f"around_dispatch() takes a callable returning a context manager, got {hook!r}")
-        self._hooks.append(hook)
+        if hook not in self._hooks:  # once: twins share their hooks, and each may be given the same one
+            self._hooks.append(hook)
 
     def __bool__(self) -> bool:
         return bool(self._hooks)

@@ -20,7 +20,7 @@ from .limits import LimitKey
 from .memory_limits import MemoryLimits
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from .ready import ReadyQueue
-from .status import DEFAULT_KEEP_RESULT, JobStatus, Progress, State, decode_result, utc
+from .status import DEFAULT_KEEP_RESULT, JobStatus, Progress, QueueCounts, State, decode_result, utc
 from .timers import TimerHeap
 from .unique import UniqueKey
 
@@ -379,6 +379,30 @@ class MemoryStore:
     def pending(self) -> int:
         return len(self._unfinished)
 
+    def counts(self, queue: str) -> QueueCounts:
+        """A snapshot of the jobs by state, read without stopping the workers (each figure may be a job off).
+
+        Copies of the dicts, each taken in one step, so that no worker waits
+        for the count; the oldest ready job is the first unfinished one (in
+        dispatch order) neither running nor parked.
+        """
+        unfinished = list(self._unfinished)
+        started = self._started.copy()
+        running = sum(1 for at in started.values() if at is not _CANCELLED)
+        parked_ids = {envelope.id for _, envelope in self.timers.entries()}
+        parked = sum(1 for job_id in unfinished if job_id in parked_ids and job_id not in started)
+        oldest = next((job_id for job_id in unfinished if job_id not in started and job_id not in parked_ids), None)
+        born = None if oldest is None else created_at(oldest)
+        dead = sum(1 for record in list(self._records.values()) if record.state == "dead")
+        return QueueCounts(
+            queue,
+            queued=max(0, len(unfinished) - running - parked),
+            running=running,
+            parked=parked,
+            dead=dead,
+            oldest_queued_age=None if born is None else max(0.0, time.time() - born),
+        )
+
     def drained(self) -> bool:
         # Only parked jobs (a delay, a retry's backoff) left; a cancelled one waits there until due.
         unfinished = self._unfinished
@@ -453,6 +477,10 @@ class InMemoryJobQueue(StoreQueue):
     def kept_records(self) -> int:
         """How many finished jobs' records (for ``status()`` and ``result()``) this queue holds now."""
         return self._memory.kept_records()
+
+    def counts(self) -> QueueCounts:
+        """This queue's jobs by state, now; in memory ``dead`` counts the records kept, ``done_last_minute`` is 0."""
+        return self._memory.counts(self.queue_label)
 
     def parked(self) -> list[tuple[float, str]]:
         """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""

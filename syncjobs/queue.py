@@ -20,7 +20,7 @@ from .envelope import Envelope, PrioritizedEnvelope
 from .errors import QueueError
 from .exit_hooks import exit_watch
 from .function_tasks import FunctionJob, TaskDecorator
-from .hooks import DispatchHook, DispatchHooks
+from .hooks import DispatchHook, DispatchHooks, DispatchObserver
 from .ids import new_job_id
 from .job import DEFAULT_PRIORITY, MAX_NAME_LENGTH, Job, check_keep_result, check_priority, check_timeout
 from .limits import LimitKey
@@ -29,7 +29,7 @@ from .protocols import C, Delay, J, QueueStore
 from .registry import JobFinder, Registry
 from .scheduler import JobMaker, MemoryRecords, Periodic, Scheduler, ScheduleRecords, ScheduleState, slot_key
 from .schedules import Schedule, When
-from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, handle_type, utc, wait_for_result
+from .status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, QueueCounts, handle_type, utc, wait_for_result
 from .unique import UniqueKey
 from .worker import RunLimit, RunObserver, RunWrapper, WorkerPool
 
@@ -87,6 +87,7 @@ class StoreQueue:
         self._registry = Registry()
         self._dead_letters = DeadLetterHandlers()
         self._dispatch_hooks = DispatchHooks()
+        self._dispatch_observers: list[DispatchObserver] = []
         self._pool = WorkerPool(
             store,
             self._registry,
@@ -162,7 +163,21 @@ class StoreQueue:
         if self._diverted_to is not None:
             return self._diverted_to.dispatch(job, delay=delay, run_at=run_at, priority=priority)
         envelope, seconds, unique = self._checked(job, delay, run_at, priority)
-        return self.handle_of(envelope.name, envelope.id, self._store.put(envelope, seconds, unique))
+        return self.handle_of(envelope.name, envelope.id, self._put(envelope, seconds, unique))
+
+    def _put(self, envelope: Envelope, seconds: float, unique: UniqueKey | None) -> str | None:
+        """Enqueue a checked envelope; the holder of its unique key if that one is enqueued instead."""
+        return self._enqueued(envelope.name, self._store.put(envelope, seconds, unique))
+
+    def _enqueued(self, name: str, holder: str | None) -> str | None:
+        """Tell the dispatch observers of a job of ``name`` enqueued (``holder`` None: not a duplicate)."""
+        if holder is None:
+            for observer in self._dispatch_observers:
+                try:
+                    observer(name)
+                except Exception:  # an observer's bug must not fail a dispatch that is done
+                    logger.exception("dispatch observer %r failed", observer)
+        return holder
 
     def _limit_of(self, envelope: Envelope) -> LimitKey | None:
         """The limit key of a claimed job whose class declares ``LIMIT`` (None for the others: a dict lookup)."""
@@ -250,7 +265,7 @@ class StoreQueue:
         """Dispatch the job of one slot under the slot's unique key: the first process to do so enqueues it."""
         job = periodic.job_for(slot)
         envelope, _, _ = self._checked(job, None, None, None)
-        holder = self._store.put(envelope, 0.0, slot_key(self.unique_scope, periodic.name, slot))
+        holder = self._put(envelope, 0.0, slot_key(self.unique_scope, periodic.name, slot))
         if holder is None:
             logger.debug(
                 "schedule %r: dispatched job %s (%s) for %s",
@@ -338,7 +353,7 @@ class StoreQueue:
         if self._diverted_to is not None:
             return self._diverted_to.prepare(job, delay=delay, run_at=run_at, priority=priority)
         envelope, seconds, unique = self._checked(job, delay, run_at, priority)
-        return Prepared(envelope.id, envelope.name, lambda: self._store.put(envelope, seconds, unique))
+        return Prepared(envelope.id, envelope.name, lambda: self._put(envelope, seconds, unique))
 
     def _checked(
         self, job: Job, delay: Delay, run_at: datetime.datetime | None, priority: int | None
@@ -483,6 +498,16 @@ class StoreQueue:
         """
         self._pool.limit(limit)
 
+    def observe_dispatches(self, observer: DispatchObserver) -> None:
+        """Call ``observer(name)`` after each job this queue enqueues, in the dispatching thread; once if given twice.
+
+        Not for a dispatch refused, nor for a unique job's duplicate (nothing
+        is enqueued). On a database, with ``connection=``, when the row is
+        inserted in the caller's transaction.
+        """
+        if observer not in self._dispatch_observers:
+            self._dispatch_observers.append(observer)
+
     def observe_runs(self, observer: RunObserver) -> None:
         """Call ``observer(report)`` after every run (a :class:`RunReport`), on the worker's thread."""
         self._pool.observe(observer)
@@ -503,6 +528,19 @@ class StoreQueue:
     def pending_count(self) -> int:
         """Jobs not yet finished: queued, running and parked for a retry or a delay."""
         return self._store.pending()
+
+    def running_here(self) -> int:
+        """Runs of this queue in progress in this process now (a run abandoned at its timeout no longer counts)."""
+        return self._pool.running()
+
+    @property
+    def queue_label(self) -> str:
+        """What metrics and views call this queue: its name on a database; ``"default"`` in memory."""
+        return "default"
+
+    def counts(self) -> QueueCounts:
+        """This queue's jobs by state, now: ready, running, parked, dead, and how long the oldest ready one waits."""
+        raise NotImplementedError(f"{type(self).__name__} does not count its jobs")
 
     def join(self, timeout: float | None = None) -> bool:
         """Block until no job is pending (True) or ``timeout`` seconds pass (False)."""

@@ -34,6 +34,20 @@ _LONGEST_PAUSE = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
+class QueueCounts:
+    """How many of a queue's jobs are in each state, now: what ``queue.counts()`` and ``syncjobs stats`` show."""
+
+    queue: str
+    queued: int = 0  # ready to run now
+    running: int = 0
+    parked: int = 0  # waiting for a delay or a retry's backoff
+    dead: int = 0
+    #: Seconds the longest-waiting ready job has waited since it became due (in memory: since dispatched).
+    oldest_queued_age: float | None = None
+    done_last_minute: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """What a run last reported with ``current_job().progress(done, total, note)``."""
 

@@ -6,6 +6,7 @@ carries the id of a :class:`Probe` instead, which the test holds.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import signal
@@ -13,7 +14,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import syncjobs
@@ -177,3 +178,11 @@ def popen_interruptible(args: list[str], **kwargs: Any) -> subprocess.Popen[str]
         return subprocess.Popen(args, **kwargs)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def refuse_label_13(job: syncjobs.Job) -> Iterator[None]:
+    """A dispatch hook (``queue.around_dispatch``) that refuses a ProbeJob labelled 13, as a bad payload is."""
+    if isinstance(job, ProbeJob) and job.label == 13:
+        raise syncjobs.QueueError("label 13 is refused")
+    yield

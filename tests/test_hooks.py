@@ -12,7 +12,8 @@ import pytest
 import syncjobs
 from syncjobs import Job, Outcome, QueueError, RunReport
 from tests.conftest import QueueFactory
-from tests.helpers import WAIT, Probe, ProbeJob, request_id
+from tests.helpers import WAIT, Probe, ProbeJob, refuse_label_13, request_id
+from tests.test_unique import SyncUser
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -138,3 +139,35 @@ def test_a_run_wrapper_is_entered_around_each_run_and_one_that_fails_fails_only_
     assert entries == [handle.id, handle.id]
     assert [r["attempt"] for r in probe.runs] == [1]
     assert letters == []
+
+
+def test_dispatch_observers_see_each_job_enqueued_and_one_that_raises_changes_nothing(
+    make_queue: QueueFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = make_queue(0)
+    queue.register(SyncUser)
+    seen: list[str] = []
+
+    def broken(name: str) -> None:
+        raise RuntimeError("observer bug")
+
+    queue.around_dispatch(refuse_label_13)
+
+    queue.observe_dispatches(broken)
+    queue.observe_dispatches(seen.append)
+    queue.observe_dispatches(seen.append)  # the same observer is called once
+    probe = Probe()
+    handles = [queue.dispatch(ProbeJob(probe.id)), queue.dispatch(ProbeJob(probe.id), delay=3600)]
+    with pytest.raises(QueueError, match="label 13"):
+        queue.dispatch(ProbeJob(probe.id, label=13))
+    first = queue.dispatch(SyncUser(7))
+    assert queue.dispatch(SyncUser(7)).duplicate  # nothing enqueued: not seen
+    prepared = queue.prepare(ProbeJob(probe.id))
+    assert seen == ["tests.probe", "tests.probe", "tests.unique.sync_user"]  # a prepared job, once submitted
+    prepared.submit()
+    assert seen[-1] == "tests.probe"
+    assert len(seen) == 4
+    assert queue.pending_count() == 4  # every job the observers saw, and the failing one changed nothing
+    assert not first.duplicate
+    assert len(handles) == 2
+    assert sum("dispatch observer" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records) == 4

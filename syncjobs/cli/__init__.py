@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="import MODULE and run the job classes it (or its submodules) defines; repeatable",
     )
     worker.add_arguments(run)
+    worker.add_metrics_arguments(run)
     run.set_defaults(handler=worker.run)
 
     add_table_commands(commands, lambda: [_target(), logging_options()])

@@ -120,6 +120,23 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: OptionDefaults = Op
     )
 
 
+def add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-port",
+        type=port_number,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (needs the prometheus extra); "
+        "one port per worker process",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="the address to serve metrics on (default 127.0.0.1; 0.0.0.0 for a Prometheus on another host "
+        "or outside the container)",
+    )
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     names = args.queues or [None]
     queues = []
@@ -137,9 +154,27 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
                 keep_result=args.keep_result,
             )
         )
+    if getattr(args, "metrics_port", None) is not None:
+        serve_metrics(queues, args.metrics_port, args.metrics_host)
     return serve(
         queues, max_jobs=args.max_jobs, burst=args.burst, out=out, exit_if_stuck=True, wait_for_db=args.wait_for_db
     )
+
+
+def serve_metrics(queues: Sequence[StoreQueue], port: int, host: str) -> None:
+    """Instrument ``queues`` and serve their metrics on ``host:port``; a ``CommandError`` if that cannot be."""
+    try:
+        from ..metrics import Metrics  # noqa: PLC0415 - the optional extra, imported only when asked for
+    except ImportError as exc:
+        raise CommandError(f"--metrics-port: {exc}") from None
+    metrics = Metrics()
+    for queue in queues:
+        metrics.instrument(queue)
+    try:
+        metrics.serve(port, host)
+    except OSError as exc:
+        raise CommandError(f"--metrics-port: cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    logger.info("metrics at http://%s:%d/metrics", host, port)
 
 
 def serve(
@@ -496,6 +531,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
     return value
 
 

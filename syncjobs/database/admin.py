@@ -14,7 +14,7 @@ from typing import Any
 from ..envelope import DeadLetter
 from ..errors import QueueError
 from ..payload import dead_letter_from_text
-from ..status import JobStatus, Progress, State, decode_result, utc
+from ..status import JobStatus, Progress, QueueCounts, State, decode_result, utc
 from . import queries
 from .connections import Connections, DatabaseUnavailable
 from .dialects import Connector, check_table
@@ -22,18 +22,6 @@ from .fetcher import row_priority
 from .permits import WAITING_AT
 from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT, SCHEMA_VERSION, install, record_version
 from .unique_keys import UniqueKeys
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueCounts:
-    queue: str
-    queued: int = 0  # ready to run now
-    running: int = 0
-    parked: int = 0  # waiting for a delay or a retry's backoff
-    dead: int = 0
-    #: Seconds the longest-waiting ready job has waited since it became due.
-    oldest_queued_age: float | None = None
-    done_last_minute: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +238,22 @@ class TableAdmin:
     # -- stats -------------------------------------------------------------------
 
     def stats(self) -> Stats:
+        counts = self._counts()
+        workers = [
+            WorkerInfo(str(id_), str(queue), str(host), int(pid), int(threads), float(up), max(0.0, float(age)))
+            for id_, queue, host, pid, threads, up, age in self._run(self._sql(queries.STATS_WORKERS), ())
+        ]
+        for worker in workers:
+            counts.setdefault(worker.queue, {})
+        queues = [QueueCounts(queue, **counts[queue]) for queue in sorted(counts)]
+        return Stats(queues, workers, self.schedules())
+
+    def counts(self) -> list[QueueCounts]:
+        """Each queue's jobs by state, now (the queues that have any): what ``stats()`` shows without the workers."""
+        counts = self._counts()
+        return [QueueCounts(queue, **counts[queue]) for queue in sorted(counts)]
+
+    def _counts(self) -> dict[str, dict[str, Any]]:
         counts: dict[str, dict[str, Any]] = {}
         for queue, state, later, count, oldest in self._run(self._sql(queries.STATS_JOBS), ()):
             entry = counts.setdefault(str(queue), {})
@@ -261,14 +265,7 @@ class TableAdmin:
                 entry["oldest_queued_age"] = max(0.0, float(oldest))
         for queue, done in self._run(self._sql(queries.STATS_DONE), (int(time.time()) - 60,)):
             counts.setdefault(str(queue), {})["done_last_minute"] = int(done or 0)
-        workers = [
-            WorkerInfo(str(id_), str(queue), str(host), int(pid), int(threads), float(up), max(0.0, float(age)))
-            for id_, queue, host, pid, threads, up, age in self._run(self._sql(queries.STATS_WORKERS), ())
-        ]
-        for worker in workers:
-            counts.setdefault(worker.queue, {})
-        queues = [QueueCounts(queue, **counts[queue]) for queue in sorted(counts)]
-        return Stats(queues, workers, self.schedules())
+        return counts
 
     def schedules(self, *, queue: str | None = None) -> list[ScheduleRow]:
         """The periodic jobs' schedules recorded (by the processes that ran them), of one queue or all."""

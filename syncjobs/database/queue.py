@@ -17,7 +17,7 @@ from ..payload import dead_letter_from_text
 from ..protocols import Delay
 from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, limit_key, unique_key
 from ..scheduler import ScheduleRecords, ScheduleState
-from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus
+from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, QueueCounts
 from ..unique import UniqueKey
 from ..urls import mask_url
 from ..worker import DEFAULT_UNKNOWN_JOB_WAIT
@@ -280,7 +280,7 @@ class DatabaseJobQueue(StoreQueue):
             self._check_carried(envelope)
         holders = self._db.put_many(items, connection, keys)
         return [
-            self.handle_of(envelope.name, envelope.id, holder)
+            self.handle_of(envelope.name, envelope.id, self._enqueued(envelope.name, holder))
             for (envelope, _), holder in zip(items, holders, strict=True)
         ]
 
@@ -306,6 +306,15 @@ class DatabaseJobQueue(StoreQueue):
     def cancel(self, job_id: str) -> bool:
         self._ensure_schema()
         return super().cancel(job_id)
+
+    @property
+    def queue_label(self) -> str:
+        return self.queue_name
+
+    def counts(self) -> QueueCounts:
+        """This queue's jobs by state, now, as the table holds them (every process's)."""
+        found = [counts for counts in self.admin.counts() if counts.queue == self.queue_name]
+        return found[0] if found else QueueCounts(self.queue_name)
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """This queue's dead letters, oldest first."""
