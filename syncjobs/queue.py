@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime
 import logging
@@ -532,6 +533,9 @@ class StoreQueue:
     def running_here(self) -> int:
         """Runs of this queue in progress in this process now (a run abandoned at its timeout no longer counts)."""
         return self._pool.running()
+
+    def carry_also(self, var: contextvars.ContextVar[Any]) -> None:
+        """Make ``var`` travel with each job dispatched from now on: in memory every context variable does already."""
 
     @property
     def queue_label(self) -> str:

@@ -307,6 +307,12 @@ class DatabaseJobQueue(StoreQueue):
         self._ensure_schema()
         return super().cancel(job_id)
 
+    def carry_also(self, var: contextvars.ContextVar[Any]) -> None:
+        """Carry ``var``'s JSON value with each job dispatched from now on, as ``carry=`` does; twins made later too."""
+        if var not in self._options["carry"]:
+            self._options["carry"].append(var)
+        self._db.carry_also(var)
+
     @property
     def queue_label(self) -> str:
         return self.queue_name

@@ -188,11 +188,16 @@ class DatabaseStore:
 
     # -- intake ---------------------------------------------------------------
 
+    def carry_also(self, var: contextvars.ContextVar[Any]) -> None:
+        """Carry ``var`` with the jobs dispatched from now on, and set it around the runs of those that carry it."""
+        self.carry[var.name] = var  # the dict the fetcher decodes rows with, too
+
     def carried(self, context: contextvars.Context) -> str | None:
         """The carried variables' values in ``context``, as JSON (None when none are set)."""
         if not self.carry:
             return None
-        values = {name: context[var] for name, var in self.carry.items() if var in context}
+        # list(): one step, so that a carry_also() from another thread cannot change it under the loop.
+        values = {name: context[var] for name, var in list(self.carry.items()) if var in context}
         if not values:
             return None
         try:
