@@ -8,6 +8,7 @@ import threading
 from collections.abc import Callable
 
 from .envelope import DeadLetter
+from .hooks import already_given
 
 logger = logging.getLogger("syncjobs")
 
@@ -23,7 +24,8 @@ class DeadLetterHandlers:
         if not callable(callback):
             raise TypeError(f"on_dead_letter() takes a callable, got {callback!r}")
         with self._lock:
-            self._callbacks.append(callback)
+            if not already_given(self._callbacks, callback):
+                self._callbacks.append(callback)
 
     def emit(self, dead: DeadLetter, context: contextvars.Context, exc: BaseException | None = None) -> None:
         """Hand ``dead`` to every callback, each inside a copy of the dispatcher's context.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import TypeVar
 
@@ -36,7 +36,7 @@ class DispatchHooks:
     def add(self, hook: DispatchHook) -> None:
         if not callable(hook):
             raise TypeError(f"around_dispatch() takes a callable returning a context manager, got {hook!r}")
-        if hook not in self._hooks:  # once: twins share their hooks, and each may be given the same one
+        if not already_given(self._hooks, hook):  # once: twins share their hooks, and each may be given it
             self._hooks.append(hook)
 
     def __bool__(self) -> bool:
@@ -62,6 +62,18 @@ class DispatchHooks:
             raise
         _leave(entered, job, None, None, None)
         return made
+
+
+def already_given(given: Iterable[object], candidate: object) -> bool:
+    """Whether ``candidate`` is among ``given``: the same object, or the same method of the same object.
+
+    A bound method is a new object at each attribute read (``items.append``),
+    and two are equal when their object is the same one. Not ``==`` for the
+    rest: two distinct callables that compare equal (dataclass instances,
+    say) are two hooks.
+    """
+    bound = getattr(candidate, "__self__", None) is not None
+    return any(each is candidate or (bound and each == candidate) for each in given)
 
 
 def _leave(entered: list[tuple[DispatchHook, AbstractContextManager[object]]], job: Job, *exc_info: object) -> None:

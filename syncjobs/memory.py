@@ -389,7 +389,7 @@ class MemoryStore:
         unfinished = list(self._unfinished)
         started = self._started.copy()
         running = sum(1 for at in started.values() if at is not _CANCELLED)
-        parked_ids = {envelope.id for _, envelope in self.timers.entries()}
+        parked_ids = {envelope.id for envelope in self.timers.items()}
         parked = sum(1 for job_id in unfinished if job_id in parked_ids and job_id not in started)
         oldest = next((job_id for job_id in unfinished if job_id not in started and job_id not in parked_ids), None)
         born = None if oldest is None else created_at(oldest)

@@ -20,13 +20,14 @@ reaches a label.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 try:
@@ -76,17 +77,20 @@ class Metrics:
         self.registry = registry
         self._dispatched: dict[str, _Rows] = {}
         self._runs: dict[str, _Rows] = {}
-        self._queues: dict[str, StoreQueue] = {}
+        #: Every queue instrumented (two may share a name: two in memory, a database queue and its twin).
+        self._queues: list[StoreQueue] = []
         self.depth = QueueDepth(depth_every)
         registry.register(_Counted(self._dispatched, self._runs, self._queues))
         registry.register(self.depth)
 
     def instrument(self, queue: StoreQueue) -> None:
-        """Count ``queue``'s dispatches and runs from now on, and read its depth at each scrape."""
+        """Count ``queue``'s dispatches and runs from now on, and read its depth at each scrape; once per queue."""
+        if any(each is queue for each in self._queues):
+            return
         label = queue.queue_label
         queue.observe_dispatches(_DispatchCounter(self._dispatched.setdefault(label, _Rows(1))).observe)
         queue.observe_runs(_RunCounter(self._runs.setdefault(label, _Rows(_RUN_ROW))).observe)
-        self._queues.setdefault(label, queue)
+        self._queues.append(queue)
         self.depth.add(queue)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
@@ -187,7 +191,7 @@ class _RunCounter:
 class _Counted(Collector):
     """The counters, the histogram and the in-progress gauge, added up from the rows when scraped."""
 
-    def __init__(self, dispatched: dict[str, _Rows], runs: dict[str, _Rows], queues: dict[str, StoreQueue]) -> None:
+    def __init__(self, dispatched: dict[str, _Rows], runs: dict[str, _Rows], queues: list[StoreQueue]) -> None:
         self._dispatched = dispatched
         self._runs = runs
         self._queues = queues
@@ -198,7 +202,9 @@ class _Counted(Collector):
     def collect(self) -> Iterable[Metric]:
         dispatched = {label: rows.total() for label, rows in list(self._dispatched.items())}
         runs = {label: rows.total() for label, rows in list(self._runs.items())}
-        running = {label: queue.running_here() for label, queue in list(self._queues.items())}
+        running: dict[str, int] = {}
+        for queue in list(self._queues):
+            running[queue.queue_label] = running.get(queue.queue_label, 0) + queue.running_here()
         return list(self._families(dispatched, runs, running))
 
     @staticmethod
@@ -245,22 +251,23 @@ class _Counted(Collector):
 class QueueDepth(Collector):
     """``syncjobs_jobs{queue,state}`` and ``syncjobs_oldest_ready_age_seconds{queue}``, read when scraped.
 
-    A reading serves for ``every`` seconds, so that several scrapers (or a
-    scrape of each of several processes) cost one count. A queue that cannot
-    be counted (its database is down) is left out of that scrape, and logged.
+    A reading serves this process's scrapes for ``every`` seconds, so that
+    several scrapers cost one count (a query per queue, on a database). A
+    queue that cannot be counted (its database is down) is left out of that
+    scrape, and logged.
     """
 
     def __init__(self, every: float = DEPTH_EVERY) -> None:
         self._every = every
-        self._queues: dict[str, StoreQueue] = {}
+        # One queue per source of jobs: a database queue's twin of the same name counts the same rows.
+        self._queues: dict[Hashable, StoreQueue] = {}
         self._lock = threading.Lock()
         self._read_at = -math.inf
         self._reading: list[QueueCounts] = []
 
     def add(self, queue: StoreQueue) -> None:
         with self._lock:
-            # One series per queue name: a second queue of the same name (a twin) counts the same jobs.
-            self._queues.setdefault(queue.queue_label, queue)
+            self._queues.setdefault(queue.jobs_source, queue)
             self._read_at = -math.inf
 
     def describe(self) -> Iterable[Metric]:
@@ -274,7 +281,7 @@ class QueueDepth(Collector):
         with self._lock:
             now = time.monotonic()
             if now - self._read_at >= self._every:
-                self._reading = list(_count(self._queues.values()))
+                self._reading = _by_name(_count(self._queues.values()))
                 self._read_at = now
             return self._reading
 
@@ -301,6 +308,25 @@ class QueueDepth(Collector):
 def _bound(bound: float) -> str:
     """A bucket's ``le`` label, as Prometheus writes it."""
     return "+Inf" if bound == math.inf else repr(bound)
+
+
+def _by_name(readings: Iterable[QueueCounts]) -> list[QueueCounts]:
+    """One reading per queue name: those of queues of one name with jobs of their own (in memory) added up."""
+    named: dict[str, QueueCounts] = {}
+    for reading in readings:
+        before = named.get(reading.queue)
+        if before is not None:
+            ages = [age for age in (before.oldest_queued_age, reading.oldest_queued_age) if age is not None]
+            reading = dataclasses.replace(  # noqa: PLW2901 - the sum takes the reading's place
+                reading,
+                queued=before.queued + reading.queued,
+                running=before.running + reading.running,
+                parked=before.parked + reading.parked,
+                dead=before.dead + reading.dead,
+                oldest_queued_age=max(ages) if ages else None,
+            )
+        named[reading.queue] = reading
+    return list(named.values())
 
 
 def _count(queues: Iterable[StoreQueue]) -> Iterator[QueueCounts]:

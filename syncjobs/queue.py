@@ -9,7 +9,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar
 
@@ -21,7 +21,7 @@ from .envelope import Envelope, PrioritizedEnvelope
 from .errors import QueueError
 from .exit_hooks import exit_watch
 from .function_tasks import FunctionJob, TaskDecorator
-from .hooks import DispatchHook, DispatchHooks, DispatchObserver
+from .hooks import DispatchHook, DispatchHooks, DispatchObserver, already_given
 from .ids import new_job_id
 from .job import DEFAULT_PRIORITY, MAX_NAME_LENGTH, Job, check_keep_result, check_priority, check_timeout
 from .limits import LimitKey
@@ -506,7 +506,7 @@ class StoreQueue:
         is enqueued). On a database, with ``connection=``, when the row is
         inserted in the caller's transaction.
         """
-        if observer not in self._dispatch_observers:
+        if not already_given(self._dispatch_observers, observer):
             self._dispatch_observers.append(observer)
 
     def observe_runs(self, observer: RunObserver) -> None:
@@ -533,6 +533,11 @@ class StoreQueue:
     def running_here(self) -> int:
         """Runs of this queue in progress in this process now (a run abandoned at its timeout no longer counts)."""
         return self._pool.running()
+
+    @property
+    def jobs_source(self) -> Hashable:
+        """Where :meth:`counts` reads: two queues of one source count the same jobs (twins on a table do)."""
+        return ("memory", id(self))
 
     def carry_also(self, var: contextvars.ContextVar[Any]) -> None:
         """Make ``var`` travel with each job dispatched from now on: in memory every context variable does already."""

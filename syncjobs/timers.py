@@ -72,6 +72,11 @@ class TimerHeap(Generic[T]):
         with self._cond:
             return next((due for due, _, waiting in self._heap if waiting is item), None)
 
+    def items(self) -> list[T]:
+        """Every waiting item, in no order: a copy, made without the sort ``entries()`` pays for."""
+        with self._cond:
+            return [item for _, _, item in self._heap]
+
     def entries(self) -> list[tuple[float, T]]:
         """``(due, item)`` for every waiting item, earliest first."""
         with self._cond:

@@ -25,6 +25,7 @@ from .context import RunInfo, reset_current, set_current
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import Cancelled, Fatal, QueueError, Retryable
+from .hooks import already_given
 from .job import Job
 from .payload import dead_letter_from_text, decode, encode_result
 from .protocols import Store
@@ -70,7 +71,7 @@ _FORGET_UNKNOWN_AT = 10_000
 
 # Not frozen: a frozen dataclass sets each field through object.__setattr__, which cost 1.5 µs a run (8% of
 # an in-memory job) wherever an observer is attached (every ``syncjobs worker``, metrics). Read it; don't change it.
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, unsafe_hash=True)
 class RunReport:
     """What became of one run, for observers such as the ``syncjobs worker`` log line."""
 
@@ -269,8 +270,9 @@ class WorkerPool:
         return self._generation is not None
 
     def observe(self, observer: RunObserver) -> None:
-        """Call ``observer(report)`` after every run, on the worker's thread; it must be quick."""
-        self._observers = (*self._observers, observer)
+        """Call ``observer(report)`` after every run, on the worker's thread; it must be quick. Once, if given twice."""
+        if not already_given(self._observers, observer):
+            self._observers = (*self._observers, observer)
 
     def threads(self) -> list[threading.Thread]:
         """The threads of the running workers (those whose loop has begun)."""
@@ -305,7 +307,7 @@ class WorkerPool:
 
     def wrap(self, wrapper: RunWrapper) -> None:
         """Enter ``wrapper()`` around every run, in the worker thread and the job's context; once, if given twice."""
-        if wrapper not in self._wrappers:  # twins share their wrappers, and each may be given the same one
+        if not already_given(self._wrappers, wrapper):  # twins share their wrappers, and each may be given it
             self._wrappers.append(wrapper)
 
     def share_jobs_of(self, other: WorkerPool) -> None:

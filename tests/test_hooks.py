@@ -99,6 +99,7 @@ def test_observers_see_each_run_with_its_report_and_one_that_raises_changes_noth
 
     queue.observe_runs(broken)
     queue.observe_runs(collect)
+    queue.observe_runs(collect)  # the same observer is called once
     with queue:
         handle = queue.dispatch(ProbeJob(probe.id))
         assert seen.wait(WAIT)
@@ -171,3 +172,15 @@ def test_dispatch_observers_see_each_job_enqueued_and_one_that_raises_changes_no
     assert not first.duplicate
     assert len(handles) == 2
     assert sum("dispatch observer" in r.getMessage() and "failed" in r.getMessage() for r in caplog.records) == 4
+
+
+def test_a_dead_letter_callback_given_twice_is_called_once(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    letters: list[syncjobs.DeadLetter] = []
+    queue.on_dead_letter(letters.append)
+    queue.on_dead_letter(letters.append)  # a new bound method each time, of the same list: the same callback
+    probe = Probe("fatal")
+    with queue:
+        handle = queue.dispatch(ProbeJob(probe.id))
+        assert queue.join(WAIT)
+    assert [letter.job_id for letter in letters] == [handle.id]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import subprocess
 import sys
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -108,14 +110,41 @@ def test_a_reading_serves_the_scrapes_within_its_interval(make_queue: QueueFacto
     assert value(registry, "syncjobs_jobs", queue=queue.queue_label, state="queued") == 1
 
 
+def test_a_queue_instrumented_twice_counts_once_and_queues_of_one_name_add_up() -> None:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, depth_every=0)
+    first, second = syncjobs.InMemoryJobQueue(1), syncjobs.InMemoryJobQueue(1)  # both "default"
+    for queue in (first, second):
+        queue.register(ProbeJob)
+        metrics.instrument(queue)
+    metrics.instrument(first)
+    blocked = Probe("block")
+    with first, second:
+        first.dispatch(ProbeJob(blocked.id))
+        second.dispatch(ProbeJob(blocked.id))
+        second.dispatch(ProbeJob(blocked.id))  # waits: the one worker is blocked
+        blocked.wait_runs(2)
+        assert value(registry, "syncjobs_runs_in_progress", queue="default") == 2
+        assert value(registry, "syncjobs_jobs", queue="default", state="running") == 2
+        assert value(registry, "syncjobs_jobs", queue="default", state="queued") == 1
+        blocked.release.set()
+        assert first.join(WAIT)
+        assert second.join(WAIT)
+    assert value(registry, "syncjobs_dispatched_total", queue="default", job_name="tests.probe") == 3
+    assert value(registry, "syncjobs_runs_total", queue="default", job_name="tests.probe", outcome="done") == 3
+
+
 def test_twins_count_each_dispatch_and_run_once(db_url: str) -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry, depth_every=0)
-    first = syncjobs.DatabaseJobQueue(db_url, workers=1, table=TEST_TABLE, queue="metrics-a", poll_interval=0.2)
+    a, b = f"metrics-a-{uuid.uuid4().hex[:8]}", f"metrics-b-{uuid.uuid4().hex[:8]}"
+    first = syncjobs.DatabaseJobQueue(db_url, workers=1, table=TEST_TABLE, queue=a, poll_interval=0.2)
     first.register(ProbeJob)
-    second = first.for_queue("metrics-b")  # shares its hooks and run wrappers
+    second = first.for_queue(b)  # shares its hooks and run wrappers
+    same = first.for_queue(workers=2)  # a twin of the same name: the same rows
     metrics.instrument(first)
     metrics.instrument(second)
+    metrics.instrument(same)
     probe = Probe()
     try:
         with first, second:
@@ -127,12 +156,16 @@ def test_twins_count_each_dispatch_and_run_once(db_url: str) -> None:
     finally:
         first.shutdown(grace=0)
         second.shutdown(grace=0)
-    assert value(registry, "syncjobs_dispatched_total", queue="metrics-a", job_name="tests.probe") == 1
-    assert value(registry, "syncjobs_dispatched_total", queue="metrics-b", job_name="tests.probe") == 2
+    assert value(registry, "syncjobs_dispatched_total", queue=a, job_name="tests.probe") == 1
+    assert value(registry, "syncjobs_dispatched_total", queue=b, job_name="tests.probe") == 2
     done = "syncjobs_runs_total"
-    assert value(registry, done, queue="metrics-a", job_name="tests.probe", outcome="done") == 1
-    assert value(registry, done, queue="metrics-b", job_name="tests.probe", outcome="done") == 2
-    assert value(registry, "syncjobs_runs_in_progress", queue="metrics-a") == 0
+    assert value(registry, done, queue=a, job_name="tests.probe", outcome="done") == 1
+    assert value(registry, done, queue=b, job_name="tests.probe", outcome="done") == 2
+    assert value(registry, "syncjobs_runs_in_progress", queue=a) == 0
+    parked = first.dispatch(ProbeJob(probe.id), delay=3600)
+    assert value(registry, "syncjobs_jobs", queue=a, state="parked") == 1  # read once, not twice
+    assert first.cancel(parked.id)
+    same.shutdown(grace=0)
 
 
 def test_a_queue_that_cannot_be_counted_is_left_out_of_the_scrape_and_logged(
@@ -221,6 +254,42 @@ def test_two_worker_processes_each_serve_their_metrics_over_http(db_url: str, tm
         for worker in workers:
             worker.kill()
         producer.purge_dead()
+        producer.shutdown()
+
+
+APP = """
+import syncjobs
+from syncjobs.metrics import Metrics
+from tests.cli_jobs import Quick
+
+queue = syncjobs.DatabaseJobQueue({url!r}, table={table!r})
+queue.register(Quick)
+Metrics().instrument(queue)  # the app's own, on prometheus_client's default registry
+"""
+
+
+@pytest.mark.timeout(120)
+def test_the_worker_serves_its_metrics_beside_an_apps_own(tmp_path: Path, database_urls: dict[str, str]) -> None:
+    url = database_urls["sqlite"]
+    (tmp_path / "metered_app.py").write_text(APP.format(url=url, table=CLI_TABLE))
+    port = free_port()
+    workers: list[Worker] = []
+    producer = syncjobs.DatabaseJobQueue(url, workers=0, table=CLI_TABLE)
+    producer.register(Quick)
+    producer.install_schema()
+    execute(url, f"DELETE FROM {CLI_TABLE}")
+    try:
+        worker = Worker(
+            [sys.executable, "-m", "syncjobs", "worker", "metered_app:queue", "--metrics-port", str(port)],
+            os.pathsep.join([ROOT, str(tmp_path)]),
+        )
+        workers.append(worker)
+        worker.expect(r"^syncjobs worker ready: pid \d+")
+        producer.dispatch(Quick(1))
+        wait_until(lambda: runs_ended(scrape(port), "done") == 1, timeout=3 * WAIT)
+    finally:
+        for each in workers:
+            each.kill()
         producer.shutdown()
 
 

@@ -164,10 +164,13 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 def serve_metrics(queues: Sequence[StoreQueue], port: int, host: str) -> None:
     """Instrument ``queues`` and serve their metrics on ``host:port``; a ``CommandError`` if that cannot be."""
     try:
-        from ..metrics import Metrics  # noqa: PLC0415 - the optional extra, imported only when asked for
+        from prometheus_client import CollectorRegistry  # noqa: PLC0415 - the optional extra, imported when asked for
+
+        from ..metrics import Metrics  # noqa: PLC0415
     except ImportError as exc:
         raise CommandError(f"--metrics-port: {exc}") from None
-    metrics = Metrics()
+    # A registry of its own: the app's module may have made a Metrics of its own on the default one.
+    metrics = Metrics(CollectorRegistry())
     for queue in queues:
         metrics.instrument(queue)
     try:

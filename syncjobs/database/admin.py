@@ -239,6 +239,8 @@ class TableAdmin:
 
     def stats(self) -> Stats:
         counts = self._counts()
+        for queue, done in self._run(self._sql(queries.STATS_DONE), (int(time.time()) - 60,)):
+            counts.setdefault(str(queue), {})["done_last_minute"] = int(done or 0)
         workers = [
             WorkerInfo(str(id_), str(queue), str(host), int(pid), int(threads), float(up), max(0.0, float(age)))
             for id_, queue, host, pid, threads, up, age in self._run(self._sql(queries.STATS_WORKERS), ())
@@ -249,7 +251,7 @@ class TableAdmin:
         return Stats(queues, workers, self.schedules())
 
     def counts(self) -> list[QueueCounts]:
-        """Each queue's jobs by state, now (the queues that have any): what ``stats()`` shows without the workers."""
+        """Each queue's jobs by state, now (those that have any), in one query; ``done_last_minute`` is not read."""
         counts = self._counts()
         return [QueueCounts(queue, **counts[queue]) for queue in sorted(counts)]
 
@@ -263,8 +265,6 @@ class TableAdmin:
                 entry[key] = entry.get(key, 0) + int(count)
             if oldest is not None and key == "queued":
                 entry["oldest_queued_age"] = max(0.0, float(oldest))
-        for queue, done in self._run(self._sql(queries.STATS_DONE), (int(time.time()) - 60,)):
-            counts.setdefault(str(queue), {})["done_last_minute"] = int(done or 0)
         return counts
 
     def schedules(self, *, queue: str | None = None) -> list[ScheduleRow]:

@@ -7,7 +7,7 @@ import datetime
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from ..envelope import DeadLetter, Envelope
@@ -307,6 +307,10 @@ class DatabaseJobQueue(StoreQueue):
         self._ensure_schema()
         return super().cancel(job_id)
 
+    @property
+    def jobs_source(self) -> Hashable:
+        return (self.url, self.table, self.queue_name)
+
     def carry_also(self, var: contextvars.ContextVar[Any]) -> None:
         """Carry ``var``'s JSON value with each job dispatched from now on, as ``carry=`` does; twins made later too."""
         if var not in self._options["carry"]:
@@ -318,7 +322,8 @@ class DatabaseJobQueue(StoreQueue):
         return self.queue_name
 
     def counts(self) -> QueueCounts:
-        """This queue's jobs by state, now, as the table holds them (every process's)."""
+        """This queue's jobs by state, now, as the table holds them (every process's); ``done_last_minute`` unread."""
+        self._ensure_schema()
         found = [counts for counts in self.admin.counts() if counts.queue == self.queue_name]
         return found[0] if found else QueueCounts(self.queue_name)
 
