@@ -359,19 +359,23 @@ class StoreQueue:
     def _checked(
         self, job: Job, delay: Delay, run_at: datetime.datetime | None, priority: int | None
     ) -> tuple[Envelope, float, UniqueKey | None]:
-        """The job's envelope, delay in seconds and unique key, or ``QueueError`` naming the job."""
-        envelope = self._new_envelope(job, priority)
+        """The job's envelope, delay in seconds and unique key, or ``QueueError`` naming the job.
+
+        Inside the dispatch hooks, which see every check's refusal (and where the caller's context is copied).
+        """
+        if not self._dispatch_hooks:
+            return self._check(job, delay, run_at, priority)
+        return self._dispatch_hooks.around(job, lambda: self._check(job, delay, run_at, priority))
+
+    def _check(
+        self, job: Job, delay: Delay, run_at: datetime.datetime | None, priority: int | None
+    ) -> tuple[Envelope, float, UniqueKey | None]:
+        envelope = new_envelope(self._registry, job, priority)
         seconds = delay_seconds(envelope.name, delay, run_at)
         unique = unique_key(job, self.unique_scope)
         limit_key(job, self.unique_scope)  # a key that cannot be made is refused here, not at its claim
         self._check_envelope(envelope)
         return envelope, seconds, unique
-
-    def _new_envelope(self, job: Job, priority: int | None = None) -> Envelope:
-        """``job`` checked and wrapped, inside the dispatch hooks (where the caller's context is copied)."""
-        if not self._dispatch_hooks:
-            return new_envelope(self._registry, job, priority)
-        return self._dispatch_hooks.around(job, lambda: new_envelope(self._registry, job, priority))
 
     def _check_envelope(self, envelope: Envelope) -> None:
         """What a backend refuses beyond the common checks; nothing here."""

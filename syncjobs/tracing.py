@@ -55,7 +55,12 @@ class Tracing:
         self._tracer = trace.get_tracer("syncjobs", __version__, tracer_provider=tracer_provider)
 
     def instrument(self, queue: StoreQueue) -> None:
-        """Trace ``queue``'s dispatches and runs from now on (its twins', which share its hooks, too)."""
+        """Trace ``queue``'s dispatches and runs from now on, and its twins' (which share its hooks).
+
+        Before any hook that may refuse a dispatch: hooks are entered in the
+        order given, and one entered before this one refuses before a span
+        begins.
+        """
         queue.carry_also(TRACE_CONTEXT)
         queue.around_dispatch(self._dispatch_span)
         queue.wrap_runs(self._run_span)
@@ -63,17 +68,26 @@ class Tracing:
     @contextlib.contextmanager
     def _dispatch_span(self, job: Job) -> Iterator[None]:
         name = type(job).NAME
-        attributes = {"messaging.system": "syncjobs", "messaging.operation.type": "send", "syncjobs.job.name": name}
         with self._tracer.start_as_current_span(
-            f"dispatch {name}", kind=trace.SpanKind.PRODUCER, attributes=attributes
-        ):
+            f"dispatch {name}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes={**_SEND, "syncjobs.job.name": name},
+            record_exception=False,  # _failed() records any BaseException: Cancelled is one
+            set_status_on_exception=False,
+        ) as span:
             carrier: dict[str, str] = {}
             _PROPAGATOR.inject(carrier)  # the dispatch's span, now current
-            token = TRACE_CONTEXT.set(carrier)  # entered while the caller's context is copied: it travels
+            # Entered while the caller's context is copied: it travels. None rather than {} (no SDK, no
+            # span): a job dispatched inside a run must not carry the run's own dispatch as its parent.
+            token = TRACE_CONTEXT.set(carrier or None) if carrier or TRACE_CONTEXT.get() is not None else None
             try:
                 yield
+            except BaseException as exc:
+                _failed(span, exc)
+                raise
             finally:
-                TRACE_CONTEXT.reset(token)
+                if token is not None:
+                    TRACE_CONTEXT.reset(token)
 
     @contextlib.contextmanager
     def _run_span(self) -> Iterator[None]:
@@ -81,15 +95,30 @@ class Tracing:
         carrier = TRACE_CONTEXT.get()
         parent = None if carrier is None else _PROPAGATOR.extract(carrier)
         name = "job" if info is None else info.name
-        attributes: dict[str, str | int] = {
-            "messaging.system": "syncjobs",
-            "messaging.operation.type": "process",
-            "syncjobs.job.name": name,
-        }
+        attributes: dict[str, str | int] = {**_PROCESS, "syncjobs.job.name": name}
         if info is not None:
             attributes["messaging.message.id"] = info.id
             attributes["syncjobs.attempt"] = info.attempt + 1
         with self._tracer.start_as_current_span(
-            f"run {name}", context=parent, kind=trace.SpanKind.CONSUMER, attributes=attributes
-        ):
-            yield
+            f"run {name}",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                yield
+            except BaseException as exc:
+                _failed(span, exc)
+                raise
+
+
+_SEND = {"messaging.system": "syncjobs", "messaging.operation.type": "send", "messaging.operation.name": "dispatch"}
+_PROCESS = {"messaging.system": "syncjobs", "messaging.operation.type": "process", "messaging.operation.name": "run"}
+
+
+def _failed(span: trace.Span, exc: BaseException) -> None:
+    """Record ``exc`` on ``span`` as its error: a ``BaseException`` too (``Cancelled``, a timeout's)."""
+    span.record_exception(exc)
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))

@@ -95,10 +95,50 @@ def test_a_refused_dispatch_ends_its_span_with_the_error_and_enqueues_nothing(
     queue.around_dispatch(refuse_label_13)
     with pytest.raises(QueueError, match="label 13"):
         queue.dispatch(ProbeJob(Probe().id, label=13))
-    (dispatch,) = spans_named(exporter, "dispatch tests.probe")
-    assert dispatch.status.status_code is StatusCode.ERROR
+    with pytest.raises(QueueError, match="delay"):
+        queue.dispatch(ProbeJob(Probe().id), delay=-5)  # a check after the payload's, inside the span too
+    refused = spans_named(exporter, "dispatch tests.probe")
+    assert [span.status.status_code for span in refused] == [StatusCode.ERROR, StatusCode.ERROR]
+    assert all([event.name for event in span.events] == ["exception"] for span in refused)
     assert queue.pending_count() == 0
     assert TRACE_CONTEXT.get() is None
+
+
+def test_a_cancelled_run_ends_its_span_with_an_error(
+    make_queue: QueueFactory, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    queue = make_queue(1)
+    Tracing(provider).instrument(queue)
+    with queue:
+        queue.dispatch(ProbeJob(Probe("cancel").id))  # raises Cancelled, a BaseException
+        assert queue.join(WAIT)
+    runs = spans_named(exporter, "run tests.probe")
+    assert runs  # each of its runs (one raising Cancelled of itself is run again, as a failure)
+    for run in runs:
+        assert run.status.status_code is StatusCode.ERROR
+        assert [event.name for event in run.events] == ["exception"]
+        assert "Cancelled" in (run.status.description or "")
+
+
+def test_a_twin_made_before_tracing_carries_the_trace_too(
+    db_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    first = syncjobs.DatabaseJobQueue(
+        db_url, workers=0, table=TEST_TABLE, queue=f"traced-{uuid.uuid4().hex[:8]}", poll_interval=0.2
+    )
+    first.register(ProbeJob)
+    twin = first.for_queue(f"traced-{uuid.uuid4().hex[:8]}", workers=1)
+    Tracing(provider).instrument(first)
+    try:
+        with twin:
+            twin.dispatch(ProbeJob(Probe().id))
+            assert twin.join(WAIT)
+    finally:
+        first.shutdown()
+    (dispatch,) = spans_named(exporter, "dispatch tests.probe")
+    (run,) = spans_named(exporter, "run tests.probe")
+    assert run.parent is not None
+    assert run.parent.span_id == dispatch.context.span_id
 
 
 def test_instrumenting_twice_makes_one_span_of_each(

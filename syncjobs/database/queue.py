@@ -7,6 +7,7 @@ import datetime
 import logging
 import math
 import time
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -15,7 +16,7 @@ from ..errors import QueueError
 from ..job import Job, check_keep_result
 from ..payload import dead_letter_from_text
 from ..protocols import Delay
-from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue, delay_seconds, limit_key, unique_key
+from ..queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from ..scheduler import ScheduleRecords, ScheduleState
 from ..status import DEFAULT_KEEP_RESULT, JobHandle, JobStatus, QueueCounts
 from ..unique import UniqueKey
@@ -102,6 +103,8 @@ class DatabaseJobQueue(StoreQueue):
             unknown_job_wait=unknown_job_wait,
         )
         self._schema_ready = False
+        #: This queue and the twins for_queue() made of it (or it of them): what carry_also() reaches.
+        self._twins: weakref.WeakSet[DatabaseJobQueue] = weakref.WeakSet([self])
         connector = Connector(url, connect_args)
         check_table(table, connector.dialect)
         self._dialect = connector.dialect
@@ -179,6 +182,8 @@ class DatabaseJobQueue(StoreQueue):
             **options,
         )
         twin.share_jobs_of(self)
+        twin._twins = self._twins
+        self._twins.add(twin)
         return twin
 
     # -- schema -------------------------------------------------------------
@@ -237,8 +242,11 @@ class DatabaseJobQueue(StoreQueue):
         return self.dispatch_many([job], delay=delay, run_at=run_at, priority=priority, connection=connection)[0]
 
     def _check_envelope(self, envelope: Envelope) -> None:
-        self._ensure_schema()
         self._check_carried(envelope)
+
+    def _put(self, envelope: Envelope, seconds: float, unique: UniqueKey | None) -> str | None:
+        self._ensure_schema()  # once every check has passed: a refused dispatch creates no table
+        return super()._put(envelope, seconds, unique)
 
     def _check_carried(self, envelope: Envelope) -> None:
         """Refuse a carried value that is not JSON, before any insert, naming the job."""
@@ -264,20 +272,14 @@ class DatabaseJobQueue(StoreQueue):
         if diverted is not None:  # all checked before any is enqueued, as here
             prepared = [diverted.prepare(job, delay=delay, run_at=run_at, priority=priority) for job in jobs]
             return [diverted.handle_of(each.name, each.id, each.submit()) for each in prepared]
-        items: list[tuple[Envelope, float]] = []
-        keys: list[UniqueKey | None] = []
-        for job in jobs:
-            envelope = self._new_envelope(job, priority)
-            items.append((envelope, delay_seconds(envelope.name, delay, run_at)))
-            keys.append(unique_key(job, self.queue_name))
-            limit_key(job, self.queue_name)
-        if not items:
+        checked = [self._checked(job, delay, run_at, priority) for job in jobs]
+        if not checked:
             return []
         if connection is not None:
-            check_connection(self._dialect, connection, items[0][0].name)
+            check_connection(self._dialect, connection, checked[0][0].name)
+        items = [(envelope, seconds) for envelope, seconds, _ in checked]
+        keys = [unique for _, _, unique in checked]
         self._ensure_schema()
-        for envelope, _ in items:
-            self._check_carried(envelope)
         holders = self._db.put_many(items, connection, keys)
         return [
             self.handle_of(envelope.name, envelope.id, self._enqueued(envelope.name, holder))
@@ -312,10 +314,11 @@ class DatabaseJobQueue(StoreQueue):
         return (self.url, self.table, self.queue_name)
 
     def carry_also(self, var: contextvars.ContextVar[Any]) -> None:
-        """Carry ``var``'s JSON value with each job dispatched from now on, as ``carry=`` does; twins made later too."""
-        if var not in self._options["carry"]:
-            self._options["carry"].append(var)
-        self._db.carry_also(var)
+        """Carry ``var``'s JSON value with each job dispatched from now on, as ``carry=`` does; on every twin too."""
+        for queue in list(self._twins):
+            if var not in queue._options["carry"]:
+                queue._options["carry"].append(var)
+            queue._db.carry_also(var)
 
     @property
     def queue_label(self) -> str:
