@@ -192,7 +192,8 @@ def _refuse_deleting_first_runs(url: str, table: str) -> None:
 def test_an_outcome_that_cannot_be_written_for_a_lease_is_given_up_and_the_job_runs_again(
     db_url: str, table: str, made: list[syncjobs.DatabaseJobQueue]
 ) -> None:
-    queue = make(db_url, table, made, workers=2, lease=2.0)
+    # A lease long enough that a stall of a loaded machine does not expire the first claim before its run.
+    queue = make(db_url, table, made, workers=2, lease=4.0)
     queue.install_schema()
     _refuse_deleting_first_runs(db_url, table)
     probe = Probe()

@@ -58,19 +58,23 @@ def test_dispatches_runs_outcomes_and_durations_are_counted(make_queue: QueueFac
         assert value(registry, "syncjobs_runs_in_progress", queue=label) == 1
         blocked.release.set()
         assert queue.join(WAIT)
-
-    assert value(registry, "syncjobs_dispatched_total", queue=label, job_name="tests.probe") == 4  # not the refused
-    runs = {
-        outcome: value(registry, "syncjobs_runs_total", queue=label, job_name="tests.probe", outcome=outcome)
-        for outcome in ("done", "retry", "dead", "cancelled", "aborted")
-    }
-    assert runs == {"done": 3, "retry": 1, "dead": 1, "cancelled": 0, "aborted": 0}
-    assert value(registry, "syncjobs_run_duration_seconds_count", queue=label, job_name="tests.probe") == 5
-    assert value(registry, "syncjobs_run_duration_seconds_sum", queue=label, job_name="tests.probe") > 0
-    assert value(registry, "syncjobs_runs_in_progress", queue=label) == 0
-    # The dead job is one of the queue's, as its record or its row is kept.
-    assert value(registry, "syncjobs_jobs", queue=label, state="dead") == 1
-    assert value(registry, "syncjobs_jobs", queue=label, state="queued") == 0
+        # Read while the queue is open: a reading after its shutdown would open connections nothing closes.
+        # A run is observed just after its outcome is written, which join() waits for: wait for the last.
+        duration_count = ("syncjobs_run_duration_seconds_count", {"queue": label, "job_name": "tests.probe"})
+        wait_until(lambda: registry.get_sample_value(*duration_count) == 5, what="5 runs observed")
+        wait_until(lambda: value(registry, "syncjobs_runs_in_progress", queue=label) == 0, what="no run in progress")
+        assert value(registry, "syncjobs_dispatched_total", queue=label, job_name="tests.probe") == 4  # not the refused
+        runs = {
+            outcome: value(registry, "syncjobs_runs_total", queue=label, job_name="tests.probe", outcome=outcome)
+            for outcome in ("done", "retry", "dead", "cancelled", "aborted")
+        }
+        assert runs == {"done": 3, "retry": 1, "dead": 1, "cancelled": 0, "aborted": 0}
+        assert value(registry, "syncjobs_run_duration_seconds_count", queue=label, job_name="tests.probe") == 5
+        assert value(registry, "syncjobs_run_duration_seconds_sum", queue=label, job_name="tests.probe") > 0
+        assert value(registry, "syncjobs_runs_in_progress", queue=label) == 0
+        # The dead job is one of the queue's, as its record or its row is kept.
+        assert value(registry, "syncjobs_jobs", queue=label, state="dead") == 1
+        assert value(registry, "syncjobs_jobs", queue=label, state="queued") == 0
 
 
 def test_depth_is_read_from_the_queue_at_each_scrape(make_queue: QueueFactory) -> None:
@@ -147,25 +151,28 @@ def test_twins_count_each_dispatch_and_run_once(db_url: str) -> None:
     metrics.instrument(same)
     probe = Probe()
     try:
-        with first, second:
-            first.dispatch(ProbeJob(probe.id))
-            second.dispatch(ProbeJob(probe.id))
-            second.dispatch(ProbeJob(probe.id))
-            assert first.join(WAIT)
-            assert second.join(WAIT)
+        first.start()
+        second.start()
+        first.dispatch(ProbeJob(probe.id))
+        second.dispatch(ProbeJob(probe.id))
+        second.dispatch(ProbeJob(probe.id))
+        assert first.join(WAIT)
+        assert second.join(WAIT)
+        done = "syncjobs_runs_total"
+        wait_until(lambda: value(registry, done, queue=b, job_name="tests.probe", outcome="done") == 2)
+        wait_until(lambda: value(registry, "syncjobs_runs_in_progress", queue=a) == 0)
+        assert value(registry, "syncjobs_dispatched_total", queue=a, job_name="tests.probe") == 1
+        assert value(registry, "syncjobs_dispatched_total", queue=b, job_name="tests.probe") == 2
+        assert value(registry, done, queue=a, job_name="tests.probe", outcome="done") == 1
+        assert value(registry, done, queue=b, job_name="tests.probe", outcome="done") == 2
+        assert value(registry, "syncjobs_runs_in_progress", queue=a) == 0
+        parked = first.dispatch(ProbeJob(probe.id), delay=3600)
+        assert value(registry, "syncjobs_jobs", queue=a, state="parked") == 1  # read once, not twice
+        assert first.cancel(parked.id)
     finally:
-        first.shutdown(grace=0)
-        second.shutdown(grace=0)
-    assert value(registry, "syncjobs_dispatched_total", queue=a, job_name="tests.probe") == 1
-    assert value(registry, "syncjobs_dispatched_total", queue=b, job_name="tests.probe") == 2
-    done = "syncjobs_runs_total"
-    assert value(registry, done, queue=a, job_name="tests.probe", outcome="done") == 1
-    assert value(registry, done, queue=b, job_name="tests.probe", outcome="done") == 2
-    assert value(registry, "syncjobs_runs_in_progress", queue=a) == 0
-    parked = first.dispatch(ProbeJob(probe.id), delay=3600)
-    assert value(registry, "syncjobs_jobs", queue=a, state="parked") == 1  # read once, not twice
-    assert first.cancel(parked.id)
-    same.shutdown(grace=0)
+        # Last: a reading after a shutdown would open connections that nothing closes.
+        for queue in (first, second, same):
+            queue.shutdown(grace=0)
 
 
 def test_a_queue_that_cannot_be_counted_is_left_out_of_the_scrape_and_logged(
