@@ -15,6 +15,7 @@ transaction in a database (``database/permits.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
@@ -105,6 +106,27 @@ class Limit:
             return made
         digest = key_digest("limit key", name, values, fields=self.fields, key=self.key, scope=scope)
         return LimitKey(digest, self.running, self.interval)
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitRow:
+    """A limit key in use, and its permits now: what the dashboard's limits page lists."""
+
+    queue: str
+    #: The key's SHA-256 (hex): no store keeps the key itself.
+    key: str
+    #: Runs at once the key allows (None: a rate limit only).
+    running_limit: int | None
+    #: A job name among those with a permit of the key (None: none has one now).
+    job_name: str | None
+    #: Jobs running (or let go, about to) under the key.
+    running: int
+    #: Jobs waiting for a permit.
+    waiting: int
+    #: Jobs with a rate's turn booked, due then.
+    booked: int
+    #: Seconds until the rate lets the next run begin (negative: it would now).
+    next_in: float
 
 
 class LimitKey(NamedTuple):

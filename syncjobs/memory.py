@@ -7,6 +7,7 @@ that moves them to the ready queue when due.
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import logging
 import threading
@@ -14,9 +15,10 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .envelope import Envelope
+from .envelope import Envelope, PrioritizedEnvelope
 from .ids import created_at
-from .limits import LimitKey
+from .job import DEFAULT_PRIORITY
+from .limits import LimitKey, LimitRow
 from .memory_limits import MemoryLimits
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
 from .ready import ReadyQueue
@@ -42,6 +44,7 @@ class _Record(NamedTuple):
     progress: str | None
     payload: str
     priority: int
+    traceback: str | None
 
 
 #: The most finished jobs' records an in-memory queue keeps: beyond it, those
@@ -49,6 +52,9 @@ class _Record(NamedTuple):
 #: payload (the envelope's string, kept): some 30 MB for small ones, whatever
 #: the rate of jobs and their keep_result.
 MAX_RECORDS = 100_000
+
+#: The most of a dead job's traceback a record keeps (characters; a database keeps more).
+TRACEBACK_KEPT = 2_000
 
 #: Waiting jobs cancelled before the timers are pruned of the parked ones (or half the timers, if more).
 _PRUNE_CANCELLED_AT = 1_000
@@ -225,9 +231,12 @@ class MemoryStore:
             self._started.pop(envelope.id, None)
             self._limits.dropped(envelope)
 
-    def dead(self, envelope: Envelope, error: str) -> None:
+    def dead(self, envelope: Envelope, error: str, traceback: str | None = None) -> None:
+        if traceback is not None and len(traceback) > TRACEBACK_KEPT:
+            # Its end, where the job raised: up to MAX_RECORDS dead ones may be kept, in this process's memory.
+            traceback = "…\n" + traceback[-TRACEBACK_KEPT:]
         if self.keep_dead > 0:
-            self._keep(envelope, "dead", self.keep_dead, error=error, attempts=envelope.attempt)
+            self._keep(envelope, "dead", self.keep_dead, error=error, traceback=traceback, attempts=envelope.attempt)
         self._limits.ended(envelope)
         self._finish(envelope)
 
@@ -306,6 +315,7 @@ class MemoryStore:
             progress=Progress.from_json(record.progress),
             payload=decode_result(record.payload),
             priority=record.priority,
+            traceback=record.traceback,
         )
 
     def _due(self, envelope: Envelope) -> float | None:
@@ -322,6 +332,7 @@ class MemoryStore:
         attempts: int,
         result: str | None = None,
         error: str | None = None,
+        traceback: str | None = None,
         progress: str | None = None,
         started: float | _Look | None = _LOOK,
     ) -> None:
@@ -345,6 +356,7 @@ class MemoryStore:
                 progress if progress is not None else _json(self._progress.get(envelope.id)),
                 envelope.payload,
                 envelope.priority,
+                traceback,
             ),
         )
         heapq.heappush(self._expiry, (expires, envelope.id))
@@ -371,6 +383,70 @@ class MemoryStore:
 
     def unfinished_ids(self) -> set[str]:
         return set(self._unfinished)
+
+    def limits(self, queue: str) -> list[LimitRow]:
+        """The limit keys in use now, with their permits (see :meth:`MemoryLimits.in_use`)."""
+
+        def name_of(job_id: str) -> str | None:
+            envelope = self._unfinished.get(job_id)
+            return None if envelope is None else envelope.name
+
+        return self._limits.in_use(queue, name_of)
+
+    def job_ids(self) -> list[str]:
+        """The ids of the jobs this store knows now, newest first: unfinished ones and finished ones kept.
+
+        Read without stopping the workers (each dict copied in one step, the
+        unfinished first: a job finishing meanwhile is in one or both). A
+        finished job's record past its keep may be listed until it is pruned:
+        ``status()`` says None for it.
+        """
+        unfinished = list(self._unfinished)
+        finished = list(self._records)
+        # UUIDv7 ids sort by when they were made (to the millisecond).
+        return sorted({*unfinished, *finished}, reverse=True)
+
+    def retry_dead(self, job_id: str) -> bool:
+        """Queue a dead job again with fresh attempts, under its id; False if it is no dead letter (kept).
+
+        It runs in an empty context: what its dispatcher's context carried
+        is not kept with a dead letter.
+        """
+        # Under the lock of _prune(), the one other remover of records (a worker's prune skips meanwhile).
+        with self._pruning:
+            record = self._records.get(job_id)
+            if record is None or record.state != "dead" or record.expires <= self._clock():
+                return False
+            if job_id in self._unfinished:
+                # Its worker has written the record and not yet let the job go (dead() does both,
+                # in that order): the job is not a dead letter until then.
+                return False
+            if record.priority == DEFAULT_PRIORITY:
+                envelope = Envelope(job_id, record.name, record.payload, record.max_attempts)
+            else:
+                envelope = PrioritizedEnvelope(
+                    job_id, record.name, record.payload, record.max_attempts, 0, contextvars.Context(), record.priority
+                )
+            # Unfinished before its record goes, and ready only then: status() finds it in one of them
+            # throughout, and the record its new run writes is never the one removed here.
+            self._unfinished[job_id] = envelope
+            self._records.pop(job_id, None)
+            self._ready.put(envelope)
+        return True
+
+    def purge_dead(self, older_than: float = 0.0) -> int:
+        """Forget the dead jobs' records (those dead at least ``older_than`` seconds); how many."""
+        until = time.time() - older_than
+        # Under the lock of _prune() and retry_dead(), the others that remove records: a dead one stays as copied.
+        with self._pruning:
+            dead = [job_id for job_id, record in list(self._records.items()) if record.state == "dead"]
+            return sum(
+                1
+                for job_id in dead
+                if (record := self._records.get(job_id)) is not None
+                and record.finished <= until
+                and self._records.pop(job_id, None) is not None
+            )
 
     def kept_records(self) -> int:
         """Finished jobs' records held now (pruned as they expire, or beyond MAX_RECORDS)."""
@@ -481,6 +557,32 @@ class InMemoryJobQueue(StoreQueue):
     def counts(self) -> QueueCounts:
         """This queue's jobs by state, now; in memory ``dead`` counts the records kept, ``done_last_minute`` is 0."""
         return self._memory.counts(self.queue_label)
+
+    def limits(self) -> list[LimitRow]:
+        """The limit keys in use now (held, waited on or booked), with their permits: the dashboard's limits page."""
+        return self._memory.limits(self.queue_label)
+
+    def job_ids(self) -> list[str]:
+        """The ids of the jobs this queue knows now, newest first: unfinished ones, and finished ones' kept records.
+
+        Read without stopping the workers; ``status(id)`` reads each (None
+        for a record that has just expired).
+        """
+        return self._memory.job_ids()
+
+    def retry_dead(self, job_id: str) -> bool:
+        """Queue a dead letter again with fresh attempts, under its id; False if there is no such dead letter.
+
+        Its record goes (``status()`` says queued); it runs in an empty
+        context (what its dispatcher's context carried is not kept).
+        """
+        if not isinstance(job_id, str):
+            raise TypeError(f"a job id is a string, got {type(job_id).__name__}")
+        return self._memory.retry_dead(job_id)
+
+    def purge_dead(self, older_than: float = 0.0) -> int:
+        """Forget this queue's dead letters' records (those dead at least ``older_than`` seconds); how many."""
+        return self._memory.purge_dead(older_than)
 
     def parked(self) -> list[tuple[float, str]]:
         """``(due, job id)`` of the jobs waiting for a retry or a delay, earliest first."""

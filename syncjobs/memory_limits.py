@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 
 from .envelope import Envelope
-from .limits import LimitKey, rate_turn
+from .limits import LimitKey, LimitRow, rate_turn
 
 #: Keys before those nothing needs any more are forgotten (then twice as many as are still needed).
 _FORGET_AT = 1_000
@@ -121,6 +121,27 @@ class MemoryLimits:
             self._let_next_go(kept_on, key)
             return False
         return True
+
+    def in_use(self, queue: str, name_of: Callable[[str], str | None]) -> list[LimitRow]:
+        """The keys anything holds, waits on or has a turn booked with, now; ``name_of(job_id)``: a job's name."""
+        with self._lock:  # copies only: the names are looked up after, without the lock
+            booked_by_key: dict[str, list[str]] = {}
+            for job_id, (digest, _) in self._booked.items():
+                booked_by_key.setdefault(digest, []).append(job_id)
+            taken = [
+                (digest, key, [*key.holders, *key.kept], [waiting[2].id for waiting in key.waiting])
+                for digest, key in self._keys.items()
+                if key.holders or key.kept or key.waiting or key.booked
+            ]
+            counts = [(key.running, key.booked, key.next_at) for _, key, _, _ in taken]
+        now = self._clock()
+        rows = []
+        for (digest, _, holding, waiting), (running, booked, next_at) in zip(taken, counts, strict=True):
+            ids = (*holding, *waiting, *booked_by_key.get(digest, ()))
+            name = next((found for job_id in ids if (found := name_of(job_id)) is not None), None)
+            next_in = next_at - now if next_at > float("-inf") else 0.0
+            rows.append(LimitRow(queue, digest, running, name, len(holding), len(waiting), booked, next_in))
+        return sorted(rows, key=lambda row: row.key)
 
     def ended(self, envelope: Envelope) -> None:
         """The run of ``envelope`` ended (or it went back to wait): its permit goes to the next job waiting."""

@@ -41,8 +41,8 @@ class Store(Protocol):
     def park(self, envelope: Envelope, due: float) -> None:
         """Hold the envelope (its ``attempt`` already advanced) until the clock reads ``due``."""
 
-    def dead(self, envelope: Envelope, error: str) -> None:
-        """The job is finished as a dead letter."""
+    def dead(self, envelope: Envelope, error: str, traceback: str | None = None) -> None:
+        """The job is finished as a dead letter; ``traceback``: where its last run raised, if it did."""
 
     def release(self, envelope: Envelope) -> None:
         """Put a claimed envelope back to be claimed again, with its ``attempt`` as set."""

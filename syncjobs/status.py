@@ -115,6 +115,9 @@ class JobStatus:
     payload: Any = None
     #: Of the jobs due, higher runs first (-100 to 100; 0 for a done job recorded before schema version 6).
     priority: int = 0
+    #: A dead job's last run raised: where (Python's traceback). None for a job that ended by its
+    #: own ``Fatal``, ran out of time or could not run (``error`` says why), and for any other state.
+    traceback: str | None = None
 
     @property
     def finished(self) -> bool:

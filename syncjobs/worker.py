@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see exit_hooks.before_threads_join
 from contextlib import AbstractContextManager
+from traceback import format_exception
 from typing import NamedTuple, cast
 
 from .context import RunInfo, reset_current, set_current
@@ -841,9 +842,21 @@ class WorkerPool:
 
     def _dead(self, envelope: Envelope, error: str, exc: BaseException | None = None) -> None:
         # The store first, so pending_count() is already down when callbacks run.
-        self._store.dead(envelope, error)
+        self._store.dead(envelope, error, _traceback_text(exc))
         dead = dead_letter_from_text(envelope.id, envelope.name, envelope.payload, envelope.attempt, error)
         self._dead_letters.emit(dead, envelope.context, exc)
+
+
+#: The most of a traceback a dead job keeps (characters): its end, where the job raised.
+TRACEBACK_KEPT = 16_000
+
+
+def _traceback_text(exc: BaseException | None) -> str | None:
+    """Where a dead job's last run raised, for its status and the dashboard (never logged by this)."""
+    if exc is None:
+        return None
+    text = "".join(format_exception(type(exc), exc, exc.__traceback__))
+    return text if len(text) <= TRACEBACK_KEPT else "…\n" + text[-TRACEBACK_KEPT:]
 
 
 def _cancel_key(envelope: Envelope) -> tuple[str, str | None]:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask, current_app
+from flask import Flask, current_app, request, session
 
 import syncjobs
 from syncjobs import DeadLetter
@@ -449,3 +451,172 @@ def test_a_schedule_on_the_extension_runs_on_the_queue_it_names_in_the_apps_cont
     finally:
         state(app).shutdown()
     assert ran[0] == ("task", "scheduled")
+
+
+# -- the web dashboard, mounted with init_dashboard --------------------------------------
+
+#: Every URL a page of the dashboard names: links, forms, its script and stylesheet, the live part.
+URL_ATTRIBUTES = re.compile(r'\b(?:href|action|src|data-refresh)="([^"]*)"')
+
+
+def dashboard_app(url: str, queue: str = "default") -> Flask:
+    """The test app on ``url``, with a session and a route that makes its session an admin's."""
+    app = create_app(SYNCJOBS_URL=url, SYNCJOBS_QUEUES=[queue], SECRET_KEY="tests-only")
+
+    @app.post("/become-admin")
+    def become_admin() -> str:
+        session["admin"] = True
+        return "ok"
+
+    return app
+
+
+def job_state(app: Flask, job_id: str) -> str:
+    status = state(app).queue().status(job_id)
+    assert status is not None
+    return status.state
+
+
+def dead_job(app: Flask, reason: str = "no such user") -> str:
+    with app.app_context():
+        job_id = str(jobs.dispatch(Doomed(reason=reason)))
+    result = app.test_cli_runner().invoke(args=["syncjobs", "worker", "--burst"])
+    assert result.exit_code == 0, result.output
+    assert job_state(app, job_id) == "dead"
+    return job_id
+
+
+def csrf_field(page: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]*)"', page)
+    assert match is not None, "no csrf field on the page"
+    return match[1]
+
+
+def test_init_dashboard_needs_exactly_one_way_in_and_a_database(tmp_path: Path) -> None:
+    app = create_app(SYNCJOBS_URL=f"sqlite:///{tmp_path / 'jobs.db'}")
+    before = app.wsgi_app
+    refused: list[dict[str, Any]] = [
+        {},  # never open by default
+        {"token": "t", "authorize": lambda: True},
+        {"token": "t", "user": "ops", "password": "pw"},
+    ]
+    for options in refused:
+        with pytest.raises(ValueError, match="exactly one of"):
+            jobs.init_dashboard(app, **options)
+    with pytest.raises(ValueError, match="a user and a password together"):
+        jobs.init_dashboard(app, user="ops")
+    with pytest.raises(ValueError, match="a path below the app's root"):
+        jobs.init_dashboard(app, "/", token="t")
+    with pytest.raises(ValueError, match="SYNCJOBS_URL is memory://"):
+        jobs.init_dashboard(create_app(), token="t")
+    with pytest.raises(RuntimeError, match=r"call init_app\(app\) first"):
+        jobs.init_dashboard(Flask("bare"), token="t")
+    assert app.wsgi_app == before  # nothing mounted
+    assert app.test_client().get("/jobs/").status_code == 404
+
+
+def test_a_token_logs_in_under_the_prefix_and_every_url_stays_under_it(tmp_path: Path) -> None:
+    app = dashboard_app(f"sqlite:///{tmp_path / 'jobs.db'}")
+    jobs.init_dashboard(app, "/ops/jobs/", token="s3cret")
+    try:
+        job_id = dead_job(app, reason="<script>alert(1)</script>")
+        client = app.test_client()
+        first = client.get("/ops/jobs/")
+        assert (first.status_code, first.headers["Location"]) == (303, "/ops/jobs/login?next=%2F")
+        login = client.get(first.headers["Location"])
+        assert login.status_code == 200
+        assert 'action="/ops/jobs/login"' in login.text
+        form = {"csrf": csrf_field(login.text), "next": "/", "token": "guess"}
+        assert client.post("/ops/jobs/login", data=form).status_code == 401
+        assert client.get("/ops/jobs/").status_code == 303  # still not in
+        signed_in = client.post("/ops/jobs/login", data={**form, "token": "s3cret"})
+        assert (signed_in.status_code, signed_in.headers["Location"]) == (303, "/ops/jobs/")
+
+        overview = client.get("/ops/jobs/")
+        assert overview.status_code == 200
+        assert 'data-queue="default"' in overview.text
+        assert f"{tmp_path / 'jobs.db'} · table syncjobs_jobs" in overview.text  # the app's own table
+        job_page = client.get(f"/ops/jobs/jobs/{job_id}")
+        assert "fatal: &lt;script&gt;alert(1)&lt;/script&gt;" in job_page.text
+        assert "<script>alert" not in job_page.text
+        urls: set[str] = set()
+        for page in (overview, job_page):
+            found = URL_ATTRIBUTES.findall(page.text)
+            assert found
+            assert [url for url in found if not url.startswith("/ops/jobs/")] == []
+            urls.update(url.replace("&amp;", "&") for url in found)
+        assert f"/ops/jobs/jobs/{job_id}/retry" in urls
+        for url in sorted(urls - {"/ops/jobs/logout"}):  # GETs change nothing: actions are POSTs
+            assert client.get(url).status_code == 200, url
+
+        # A script's request: the token in its header, no session.
+        bearer = app.test_client().get("/ops/jobs/jobs", headers={"Authorization": "Bearer s3cret"})
+        assert bearer.status_code == 200
+        # The app's own URLs stay the app's.
+        assert client.post("/greet", data={"out": str(tmp_path / "seen.jsonl")}).status_code == 200
+        assert client.get("/ops/other").status_code == 404
+    finally:
+        state(app).shutdown()
+
+
+def test_authorize_reads_the_apps_session_inside_a_request_context_for_the_request(tmp_path: Path) -> None:
+    app = dashboard_app(f"sqlite:///{tmp_path / 'jobs.db'}")
+    asked: list[str] = []
+
+    def admins_only() -> bool:
+        asked.append(request.script_root + request.path)
+        return bool(session.get("admin"))
+
+    jobs.init_dashboard(app, authorize=admins_only)
+    try:
+        job_id = dead_job(app)
+        client = app.test_client()
+        refused = client.get("/jobs/")
+        assert refused.status_code == 403
+        assert "Forbidden" in refused.text
+        assert client.get("/jobs/login").status_code == 403  # no login page of its own
+        # Not an admin: a token of its own in the cookie and the form passes no CSRF check first.
+        client.set_cookie("syncjobs_csrf", "made-up", path="/jobs")
+        assert client.post(f"/jobs/jobs/{job_id}/retry", data={"csrf": "made-up"}).status_code == 403
+        assert job_state(app, job_id) == "dead"
+
+        assert client.post("/become-admin").status_code == 200
+        allowed = client.get("/jobs/jobs", query_string={"state": "dead"})
+        assert allowed.status_code == 200
+        assert job_id in allowed.text
+        assert asked == ["/jobs/", "/jobs/login", f"/jobs/jobs/{job_id}/retry", "/jobs/jobs"]
+    finally:
+        state(app).shutdown()
+
+
+def test_retry_and_cancel_are_posts_with_the_dashboards_csrf_token(db_url: str, tmp_path: Path) -> None:
+    name = f"dash-{uuid.uuid4().hex[:8]}"  # a queue of its own: the server's table is shared
+    app = dashboard_app(db_url, queue=name)
+    jobs.init_dashboard(app, authorize=lambda: session.get("admin"))
+    try:
+        dead = dead_job(app)
+        with app.app_context():
+            waiting = str(jobs.dispatch(Greet(out=str(tmp_path / "never.jsonl")), delay=3600))
+        client = app.test_client()
+        assert client.post("/become-admin").status_code == 200
+        cases = [
+            (dead, "retry", "dead", "queued", "retried"),
+            (waiting, "cancel", "scheduled", "cancelled", "cancelled"),
+        ]
+        for job_id, action, before, after, done in cases:
+            path = f"/jobs/jobs/{job_id}/{action}"
+            confirm = client.get(path)
+            assert confirm.status_code == 200
+            assert f'action="{path}"' in confirm.text
+            token = csrf_field(confirm.text)
+            assert client.post(path).status_code == 403
+            assert client.post(path, data={"csrf": "not-" + token}).status_code == 403
+            elsewhere = {"Origin": "https://evil.example"}  # the right token, from another site's page
+            assert client.post(path, data={"csrf": token}, headers=elsewhere).status_code == 403
+            assert job_state(app, job_id) == before
+            response = client.post(path, data={"csrf": token})
+            assert (response.status_code, response.headers["Location"]) == (303, f"/jobs/jobs/{job_id}?done={done}")
+            assert job_state(app, job_id) == after
+    finally:
+        state(app).shutdown()
+        execute(db_url, "DELETE FROM syncjobs_jobs WHERE queue = ?", (name,))

@@ -168,6 +168,37 @@ def test_the_result_of_a_dead_job_raises_job_failed_with_its_error(make_queue: Q
     assert status.finished_at is not None
 
 
+def test_a_dead_job_keeps_where_its_last_run_raised_and_a_retry_forgets_it(make_queue: QueueFactory) -> None:
+    queue = queue_with(make_queue)
+    crashed, fatal = Probe("crash"), Probe("fatal")
+    with queue:
+        crash_id = queue.dispatch(OnceJob(crashed.id))
+        fatal_id = queue.dispatch(OnceJob(fatal.id))
+        wait_until(
+            lambda: all(getattr(queue.status(j), "state", None) == "dead" for j in (crash_id, fatal_id)),
+            what="both dead",
+        )
+        status = queue.status(crash_id)
+        assert status is not None
+        assert status.error == "job raised ValueError: boom"  # the reason stays one line
+        assert status.traceback is not None
+        assert status.traceback.startswith("Traceback (most recent call last):\n")
+        assert status.traceback.rstrip().endswith("ValueError: boom")
+        assert "helpers.py" in status.traceback  # where the job raised
+        # A job that gave up by its own Fatal says why in its error: no traceback.
+        fatal_status = queue.status(fatal_id)
+        assert fatal_status is not None
+        assert fatal_status.error is not None
+        assert fatal_status.traceback is None
+        # Queued again, the job is as new: its next runs write their own.
+        assert queue.retry_dead(crash_id)
+        wait_until(lambda: getattr(queue.status(crash_id), "state", None) == "dead", what="dead again")
+        again = queue.status(crash_id)
+        assert again is not None
+        assert again.traceback is not None
+        assert again.traceback.count("Traceback (most recent call last)") == 1
+
+
 def test_the_result_of_a_timed_out_job_says_it_timed_out(make_queue: QueueFactory) -> None:
     queue = queue_with(make_queue)
     probe = Probe("block")

@@ -12,9 +12,10 @@ import textwrap
 from collections.abc import Callable, Sequence
 
 from .. import __version__
+from ..durations import parse_duration
 from ..urls import redact
 from . import inspect, logs, worker
-from .table import parse_duration
+from . import web as web_command
 from .target import URL_VARIABLE, CommandError, TableTarget, one_line
 
 EPILOG = f"""\
@@ -94,6 +95,7 @@ TABLE_COMMANDS = {
     "dead": "list, show, retry and purge dead letters",
     "prune": "delete what workers delete as they go, for queues no worker serves",
     "schedules": "the periodic jobs' schedules: when each ran last and runs next",
+    "web": "serve the web dashboard: queues, jobs, workers; retry, cancel, purge",
 }
 
 
@@ -210,6 +212,15 @@ def add_table_commands(
     )
     schedules.add_argument("--json", action="store_true", help="a JSON list, for machines")
     schedules.set_defaults(handler=inspect.schedules)
+
+    web = add(
+        "web",
+        "Serve the web dashboard of the jobs table: each queue's counts, throughput over the last hour and "
+        "live workers, updated in place; jobs by state, name and queue; one job's payload, error and result; "
+        "retry, cancel and purge. Never open by default: a token or a user and password logs in.",
+    )
+    web_command.add_arguments(web)
+    web.set_defaults(handler=web_command.run)
 
 
 def table_commands_parser(prog: str, description: str) -> argparse.ArgumentParser:

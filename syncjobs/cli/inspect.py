@@ -14,10 +14,11 @@ from typing import TextIO
 from ..database.admin import DeadRow, ScheduleRow, Stats, TableAdmin
 from ..database.dialects import SQLITE, dialect_for
 from ..database.sqlite import database_file
+from ..durations import human_seconds, parse_duration
 from ..errors import QueueError
 from ..status import JobStatus
 from ..urls import mask_url
-from .table import human_seconds, parse_duration, render
+from .table import render
 from .target import DEFAULT_TABLE, CommandError, TableTarget, check_reachable, database_url, load_app
 
 

@@ -538,12 +538,21 @@ def positive_int(text: str) -> int:
 
 
 def port_number(text: str) -> int:
+    return _port(text, lowest=1)
+
+
+def port_or_any(text: str) -> int:
+    """A port number, or 0: any free port."""
+    return _port(text, lowest=0)
+
+
+def _port(text: str, *, lowest: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port from 1 to 65535, got {value}")
+    if not lowest <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from {lowest} to 65535, got {value}")
     return value
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..envelope import DeadLetter
 from ..errors import QueueError
+from ..limits import LimitRow
 from ..payload import dead_letter_from_text
 from ..status import JobStatus, Progress, QueueCounts, State, decode_result, utc
 from . import queries
@@ -22,6 +23,28 @@ from .fetcher import row_priority
 from .permits import WAITING_AT
 from .schema import DONE_COUNTS_KEPT, FINISHED_KEPT, SCHEMA_VERSION, install, record_version
 from .unique_keys import UniqueKeys
+
+_PERMIT = f"{WAITING_AT:.0f}"
+#: The states a job list filters by, each with its condition on the jobs table and on
+#: the kept records of done jobs. 'claimed' rows wait in a worker's buffer; rows due
+#: at WAITING_AT wait for a limit's permit: both are listed as status() shows them.
+JOB_STATES: dict[str | None, tuple[str, str]] = {
+    "queued": (
+        f"state IN ('queued', 'claimed') AND attempt = 0 AND (run_at <= {{now_once}} OR run_at >= {_PERMIT})",
+        "1 = 0",
+    ),
+    "scheduled": (f"state = 'queued' AND attempt = 0 AND run_at > {{now_once}} AND run_at < {_PERMIT}", "1 = 0"),
+    "running": ("state = 'running'", "1 = 0"),
+    "retrying": ("state IN ('queued', 'claimed') AND attempt > 0", "1 = 0"),
+    "dead": ("state = 'dead'", "1 = 0"),
+    "cancelled": ("state = 'cancelled'", "1 = 0"),
+    "done": ("1 = 0", "1 = 1"),
+    # As the overview counts them (QueueCounts): ready now whatever the attempt, and parked (a delay,
+    # a retry's backoff, a limit's permit).
+    "ready": ("state = 'queued' AND run_at <= {now_once}", "1 = 0"),
+    "parked": ("state = 'queued' AND run_at > {now_once}", "1 = 0"),
+    None: ("1 = 1", "1 = 1"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +290,55 @@ class TableAdmin:
                 entry["oldest_queued_age"] = max(0.0, float(oldest))
         return counts
 
+    def jobs(
+        self, *, state: str | None = None, name: str | None = None, queue: str | None = None, limit: int = 50
+    ) -> list[JobStatus]:
+        """The newest jobs (unfinished, dead, cancelled, and done ones whose record is kept), filtered; newest first.
+
+        ``state`` is one of :data:`JOB_STATES` (None: any), as ``status()`` reports it.
+        """
+        if state not in JOB_STATES:
+            raise ValueError(f"state must be one of {', '.join(s for s in JOB_STATES if s)}, got {state!r}")
+        on_jobs, on_results = JOB_STATES[state]
+        extra = (" AND name = ?" if name is not None else "") + (" AND queue = ?" if queue is not None else "")
+        template = queries.JOBS_LIST.replace("{filter}", on_jobs + extra).replace("{result_filter}", on_results + extra)
+        given = tuple(value for value in (name, queue) if value is not None)
+        rows = self._run(self._db.dialect.sql(template, self.table), (*given, *given, limit))
+        return [status_from_row(str(row[0]), row[1:]) for row in rows]
+
+    def done_per_minute(self, *, minutes: int = 60, queue: str | None = None) -> list[int]:
+        """Jobs done in each of the last ``minutes`` minutes (the current one last), of one queue or all.
+
+        By this process's clock, as the workers count them; kept an hour.
+        """
+        now = int(time.time())
+        first = (now // 60 - minutes + 1) * 60
+        per_minute = [0] * minutes
+        rows = self._run(self._sql(queries.DONE_SINCE, queue), _with_queue((first,), queue))
+        for bucket, done in rows:
+            slot = (int(bucket) - first) // 60
+            if 0 <= slot < minutes:
+                per_minute[slot] += int(done or 0)
+        return per_minute
+
+    def limits(self) -> list[LimitRow]:
+        """Every limit key in use (a key no job needs is forgotten by its queue's housekeeping), by queue."""
+        return [
+            LimitRow(
+                str(queue),
+                str(key),
+                None if running is None else int(running),
+                None if name is None else str(name),
+                int(held or 0),
+                int(waiting or 0),
+                int(booked or 0),
+                float(next_in),
+            )
+            for queue, key, running, name, held, waiting, booked, next_in in self._run(
+                self._sql(queries.LIMITS_LIST), ()
+            )
+        ]
+
     def schedules(self, *, queue: str | None = None) -> list[ScheduleRow]:
         """The periodic jobs' schedules recorded (by the processes that ran them), of one queue or all."""
         rows = self._run(self._sql(queries.SCHEDULES_LIST, queue), _with_queue((), queue))
@@ -373,7 +445,8 @@ def _seconds_ago(older_than: object) -> float:
 def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
     """A :data:`~queries.STATUS` row as a JobStatus."""
     name, row_state, attempt, max_attempts, error, result, created, started, finished, run_at, progress, now = row[:12]
-    queue, payload, priority = row[12:]
+    queue, payload, priority, *rest = row[12:]
+    traceback = rest[0] if rest else None  # a reader of an older row shape has none
     state: State
     if row_state in ("dead", "done", "cancelled", "running"):
         state = row_state
@@ -400,6 +473,7 @@ def status_from_row(job_id: str, row: Sequence[Any]) -> JobStatus:
         queue=str(queue),
         payload=_readable(payload),
         priority=row_priority(priority),
+        traceback=None if traceback is None else str(traceback),
     )
 
 

@@ -154,7 +154,7 @@ PARK = (
 )
 
 DEAD = (
-    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, error = ?, finished_at = {now}, "
+    "UPDATE {table} SET state = " + DEAD_STATE + ", attempt = ?, error = ?, traceback = ?, finished_at = {now}, "
     "lease_owner = NULL, lease_token = NULL, lease_expires = NULL WHERE id = ? AND lease_token = ?"
 )
 
@@ -211,9 +211,9 @@ RESULTS_PRUNE = "DELETE FROM {table}_results WHERE expires_at < {now_once}"
 # dead), else a kept result that has not expired.
 STATUS = (
     "SELECT name, state, attempt, max_attempts, error, NULL, created_at, started_at, finished_at, run_at, progress, "
-    "{now}, queue, payload, priority FROM {table} WHERE id = ? UNION ALL "
+    "{now}, queue, payload, priority, traceback FROM {table} WHERE id = ? UNION ALL "
     "SELECT name, state, attempts, max_attempts, NULL, result, created_at, started_at, finished_at, NULL, progress, "
-    "{now}, queue, payload, COALESCE(priority, 0) FROM {table}_results WHERE id = ? AND expires_at >= {now}"
+    "{now}, queue, payload, COALESCE(priority, 0), NULL FROM {table}_results WHERE id = ? AND expires_at >= {now}"
 )
 
 # cancel(): a waiting job ends at once (a claim takes only 'queued' rows);
@@ -283,6 +283,35 @@ STATS_WORKERS = (
     "WHERE heartbeat_at >= {now} - lease ORDER BY queue, host, pid"
 )
 
+# The dashboard's job list: the jobs table's rows and the kept records of done
+# jobs, each as STATUS reads one (the id first), newest first. {filter} and
+# {result_filter} are fixed conditions the caller chooses (admin.JOB_STATES), with
+# " AND name = ?" and " AND queue = ?" when it filters by them: no text of a
+# request reaches the statement.
+JOBS_LIST = (
+    "SELECT * FROM (SELECT id, name, state, attempt, max_attempts, error, NULL AS result, created_at, started_at, "
+    "finished_at, run_at, progress, {now} AS now_at, queue, payload, priority, traceback FROM {table} "
+    "WHERE {filter} UNION ALL "
+    "SELECT id, name, state, attempts, max_attempts, NULL, result, created_at, started_at, finished_at, NULL, "
+    "progress, {now}, queue, payload, COALESCE(priority, 0), NULL FROM {table}_results "
+    "WHERE expires_at >= {now_once} AND {result_filter}) listed ORDER BY created_at DESC, id DESC LIMIT ?"
+)
+# Each limit key in use: its queue, its runs-at-once limit, a job name of those
+# with a permit (the key itself is a digest), and its permits by kind: held (or
+# kept for a job let go), waiting, booked (a rate's turn); when its rate next
+# lets a run begin. The dashboard's limits page.
+LIMITS_LIST = (
+    "SELECT l.queue, l.limit_key, l.running, MIN(j.name), "
+    "SUM(CASE WHEN p.kind IN ('held', 'let_go') THEN 1 ELSE 0 END), "
+    "SUM(CASE WHEN p.kind = 'waiting' THEN 1 ELSE 0 END), "
+    "SUM(CASE WHEN p.kind = 'booked' THEN 1 ELSE 0 END), l.next_at - {now} "
+    "FROM {table}_limits l LEFT JOIN {table}_permits p ON p.limit_key = l.limit_key "
+    "LEFT JOIN {table} j ON j.id = p.job_id "
+    "GROUP BY l.queue, l.limit_key, l.running, l.next_at ORDER BY l.queue, l.limit_key"
+)
+# Jobs done per second over the last hour, all queues or one: the dashboard's throughput chart.
+DONE_SINCE = "SELECT bucket, SUM(done) FROM {table}_done WHERE bucket >= ?{queue_filter} GROUP BY bucket"
+
 # -- dead letters, of one queue or all ----------------------------------------
 # {queue_filter} is "" or " AND queue = ?", chosen by the caller: a NULL
 # parameter meaning "any queue" has no type PostgreSQL could infer.
@@ -294,12 +323,14 @@ DEAD_LIST = (
 )
 DEAD_SHOW = f"SELECT {DEAD_COLUMNS}, {{now}} FROM {{table}} WHERE id = ? AND state = 'dead'{{queue_filter}}"
 RETRY_DEAD = (
-    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, finished_at = NULL, "
+    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, traceback = NULL, "
+    "finished_at = NULL, "
     "cancel_requested = NULL "
     "WHERE id = ? AND state = 'dead'{queue_filter}"
 )
 RETRY_DEAD_ALL = (
-    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, finished_at = NULL, "
+    "UPDATE {table} SET state = 'queued', attempt = 0, run_at = {now}, error = NULL, traceback = NULL, "
+    "finished_at = NULL, "
     "cancel_requested = NULL "
     "WHERE state = 'dead'{queue_filter}"
 )

@@ -23,7 +23,8 @@ from .dialects import MYSQL, POSTGRES, SQLITE, Dialect
 #: 7: adds ``<table>_unique`` (unique jobs' keys and the jobs that hold them).
 #: 8: adds ``<table>_schedules`` (each periodic job's last slot dispatched, and its next).
 #: 9: adds ``<table>_limits`` and ``<table>_permits`` (concurrency and rate limits: see permits.py).
-SCHEMA_VERSION = 9
+#: 10: adds ``traceback`` to the jobs table (where a dead job's last run raised, for its status and the dashboard).
+SCHEMA_VERSION = 10
 
 #: The tables beside the jobs table, by the suffix of their names.
 COMPANIONS = ("_schema", "_workers", "_done", "_finished", "_results", "_unique", "_schedules", "_limits", "_permits")
@@ -42,6 +43,7 @@ _ADDED_COLUMNS = [
     ("_results", "payload", "text"),
     ("", "priority", "INTEGER NOT NULL DEFAULT 0"),
     ("_results", "priority", "INTEGER"),
+    ("", "traceback", "text"),
 ]
 #: Indexes added to the jobs table after it was created: (name suffix, columns).
 #: The claim reads the ready rows of a queue, the highest priority first,
@@ -142,7 +144,8 @@ def _tables(dialect: Dialect, table: str) -> list[str]:
         started_at {real},
         progress {text},
         cancel_requested INTEGER,
-        priority INTEGER NOT NULL DEFAULT 0"""
+        priority INTEGER NOT NULL DEFAULT 0,
+        traceback {text}"""
     engine = " ENGINE=InnoDB DEFAULT CHARSET=utf8mb4" if dialect is MYSQL else ""
     finished_index = f",\n        INDEX {table}_finished_at (finished_at)" if dialect is MYSQL else ""
     expires_index = f",\n        INDEX {table}_results_expires (expires_at)" if dialect is MYSQL else ""

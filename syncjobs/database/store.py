@@ -427,11 +427,11 @@ class DatabaseStore:
         claimed = _claimed(envelope)
         self._fenced("PARK", (claimed.attempt, 0.0, claimed.id, claimed.lease), claimed, wait=0.0)
 
-    def dead(self, envelope: Envelope, error: str) -> None:
+    def dead(self, envelope: Envelope, error: str, traceback: str | None = None) -> None:
         # Waited for (within a bound): the dead-letter callbacks run after, and
         # pending_count() should already be down then.
         claimed = _claimed(envelope)
-        self._fenced_end("DEAD", (claimed.attempt, error, claimed.id, claimed.lease), claimed)
+        self._fenced_end("DEAD", (claimed.attempt, error, traceback, claimed.id, claimed.lease), claimed)
 
     def wake(self, count: int) -> None:
         self._fetcher.wake(count)

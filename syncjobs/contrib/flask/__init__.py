@@ -19,6 +19,10 @@ that a ``--preload`` master forked (the master itself never runs any). Elsewhere
 they start on the first request or dispatch in each process, or when a
 server's post-fork hook calls :func:`start_embedded`. Their records go where
 the app's do (see :func:`..integration.log_through`).
+
+``init_dashboard(app)`` serves the web dashboard (``syncjobs.web``) of the
+app's jobs table under a prefix of the app's URLs, behind a token, a user and
+password, or the app's own login.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import signal
 import sys
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from flask import Flask, current_app
 from typing_extensions import Unpack
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
+from ...database import DatabaseJobQueue
 from ...dead_letters import DeadLetterCallback
 from ...function_tasks import FunctionJob, TaskDecorator
 from ...hooks import DispatchHook
@@ -46,6 +52,9 @@ from ...scheduler import JobMaker
 from ...schedules import Schedule, When
 from ...settings import connect
 from ...status import DEFAULT_KEEP_RESULT, JobHandle
+from ...web import Access, Board, queue_board
+from ...web.access import Environ
+from ...web.mounted import QueueDashboard
 from ...worker import RunObserver, RunWrapper
 from ..integration import JobSetup, ProcessQueues, log_through
 
@@ -87,6 +96,46 @@ class SyncJobs:
 
         app.cli.add_command(syncjobs_group)
         _start_early(state)
+
+    def init_dashboard(
+        self,
+        app: Flask,
+        url_prefix: str = "/jobs",
+        *,
+        token: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        authorize: Callable[[], object] | None = None,
+        refresh_seconds: float = 2.0,
+    ) -> None:
+        """Serve the web dashboard of the app's jobs table (``SYNCJOBS_URL``'s, every queue in it) at ``url_prefix``.
+
+        Exactly one way in, never none: ``token``, or ``user`` and ``password``
+        (the dashboard's own login page); or ``authorize``, a callable of no
+        arguments for an app with a login of its own, called for each request
+        to the dashboard inside a request context of the app for that request,
+        so that it can read ``session`` or flask-login's ``current_user``
+        (not the form: the dashboard reads that); false means 403.
+
+        Mounted in front of the app (werkzeug's ``DispatcherMiddleware`` on
+        ``app.wsgi_app``): the dashboard's requests skip the app's own
+        ``before_request`` hooks and error handlers. After :meth:`init_app`.
+        """
+        state = app.extensions.get("syncjobs")
+        if not isinstance(state, AppQueues):
+            raise RuntimeError("init_dashboard(app): call init_app(app) first")
+        prefix = _mount_prefix(url_prefix)
+        if state.url.startswith("memory:"):
+            raise ValueError(
+                f"init_dashboard(app): SYNCJOBS_URL is {state.url}; the dashboard shows a database's jobs table"
+            )
+        if not refresh_seconds > 0:
+            raise ValueError(f"refresh_seconds must be more than 0, got {refresh_seconds!r}")
+        check = None if authorize is None else _in_request_context(app, authorize)
+        access = Access(token=token, user=user, password=password, authorize=check)
+        # Built at its first request, on the app's default queue's connections (so the same table).
+        mounted = QueueDashboard(state.queue, _dashboard_board, access, refresh_seconds=refresh_seconds)
+        app.wsgi_app = DispatcherMiddleware(app.wsgi_app, {prefix: mounted})  # type: ignore[method-assign]
 
     def register(self, job_cls: J) -> J:
         """Make ``job_cls`` runnable by every app's queues; a class decorator."""
@@ -278,6 +327,30 @@ class AppQueues:
             raise TypeError(f"expected a syncjobs queue, got {type(queue).__name__}")
         # Jobs and dead-letter callbacks run inside an app context of this app.
         return self._setup.apply(queue, around=self.app.app_context, name=name, default=config["SYNCJOBS_QUEUES"][0])
+
+
+def _dashboard_board(queue: StoreQueue) -> Board:
+    if not isinstance(queue, DatabaseJobQueue):
+        raise TypeError(f"the dashboard shows a database's jobs table, not a {type(queue).__name__}'s jobs")
+    return queue_board(queue)
+
+
+def _mount_prefix(url_prefix: str) -> str:
+    """``url_prefix`` as DispatcherMiddleware matches it: a leading slash, no trailing one; never the root."""
+    prefix = "/" + url_prefix.strip("/")
+    if prefix == "/":
+        raise ValueError("init_dashboard(app, url_prefix=...): a path below the app's root, such as /jobs")
+    return prefix
+
+
+def _in_request_context(app: Flask, authorize: Callable[[], object]) -> Callable[[Environ], bool]:
+    """``authorize()`` as the dashboard calls it: inside the app's request context for the request's environ."""
+
+    def check(environ: Environ) -> bool:
+        with app.request_context(dict(environ)):
+            return bool(authorize())
+
+    return check
 
 
 #: Every app's state in this process (and, after a fork, its parent's).

@@ -1,0 +1,52 @@
+// syncjobs dashboard: the overview's live part is fetched again every few
+// seconds and swapped in place (the server renders it, escaped, as the page
+// itself). No library, nothing fetched from elsewhere.
+(function () {
+  "use strict";
+  // A notice after an action says what it did then: a reload later should not say it again.
+  if (window.history && window.history.replaceState && /[?&]done=/.test(window.location.search)) {
+    var kept = window.location.search.replace(/^\?/, "").split("&").filter(function (pair) {
+      return pair.indexOf("done=") !== 0 && pair.indexOf("count=") !== 0;
+    });
+    window.history.replaceState(null, "", window.location.pathname + (kept.length ? "?" + kept.join("&") : ""));
+  }
+  var live = document.getElementById("live");
+  if (!live) {
+    return;
+  }
+  var url = live.getAttribute("data-refresh");
+  var every = parseInt(live.getAttribute("data-every"), 10) || 2000;
+  var failures = 0;
+
+  function refresh() {
+    fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
+      .then(function (response) {
+        if (response.redirected || response.status === 401 || response.status === 403) {
+          // The session ended: the whole page shows the login.
+          window.location.reload();
+          return null;
+        }
+        if (!response.ok) {
+          throw new Error("HTTP " + response.status);
+        }
+        return response.text();
+      })
+      .then(function (html) {
+        if (html !== null) {
+          live.innerHTML = html;
+          live.removeAttribute("data-stale");
+          failures = 0;
+        }
+      })
+      .catch(function () {
+        failures += 1;
+        live.setAttribute("data-stale", "true");
+      })
+      .then(function () {
+        // Slower while the server does not answer, up to a minute between tries.
+        window.setTimeout(refresh, Math.min(every * Math.pow(2, failures), 60000));
+      });
+  }
+
+  window.setTimeout(refresh, every);
+})();
