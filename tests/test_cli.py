@@ -179,6 +179,15 @@ def test_a_worker_runs_the_function_tasks_of_the_modules_it_imports(db_url: str,
     assert code == 0, err
     shown = json.loads(out)
     assert (shown["state"], shown["attempts"], shown["error"]) == ("dead", 1, "job raised ValueError: nothing to shout")
+    assert shown["traceback"].startswith("Traceback (most recent call last):\n")
+    assert shown["traceback"].rstrip().endswith("ValueError: nothing to shout")
+    code, out, err = run("show", empty, "--url", db_url, "--table", table)
+    assert code == 0, err
+    # Where it raised, last, its lines indented (as `dead show` indents the payload's).
+    assert "error:        job raised ValueError: nothing to shout\n" in out
+    assert "\ntraceback:\n  Traceback (most recent call last):\n" in out
+    assert '      raise ValueError("nothing to shout")\n' in out
+    assert out.endswith("  ValueError: nothing to shout\n")
     assert (shown["queue"], shown["payload"]) == ("default", {"args": [""], "kwargs": {}})
     assert_times(shown, "created", "started", "finished")
     assert (shown["due_at"], shown["due_at_epoch"]) == (None, None)

@@ -223,13 +223,15 @@ def show(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write(json.dumps(_status_json(status)) + "\n")
         return 0
     for key, value in _status_fields(status).items():
-        if value is None or key in ("payload", "result"):
+        if value is None or key in ("payload", "result", "traceback"):
             continue
         out.write(f"{key + ':':14}{value}\n")
     if status.payload is not None:
         out.write(f"{'payload:':14}{json.dumps(status.payload)}\n")
     if status.state == "done":
         out.write(f"{'result:':14}{json.dumps(status.result)}\n")
+    if status.traceback:
+        out.write("traceback:\n" + "".join(f"  {line}\n" for line in status.traceback.rstrip().splitlines()))
     return 0
 
 
@@ -248,6 +250,7 @@ def _status_fields(status: JobStatus) -> dict[str, object]:
         "due": _iso(status.run_at),
         "progress": None if progress is None else str(progress),
         "error": status.error,
+        "traceback": status.traceback,
         "payload": status.payload,
         "result": status.result,
     }
