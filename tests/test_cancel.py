@@ -367,7 +367,7 @@ def test_a_flagged_row_that_goes_back_to_the_queue_or_dies_ends_cancelled(db_url
             (1, str(expired)),
         )
         for statement, values in (
-            (queries.DEAD, (1, "failed", str(dead), f"token-{dead}")),
+            (queries.DEAD, (1, "failed", None, str(dead), f"token-{dead}")),
             (queries.DEAD_EXPIRED, (1, "failed", str(dead_expired))),
             (queries.POISON, (1, 1, "cannot be read", str(poison), f"token-{poison}")),
         ):
