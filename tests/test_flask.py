@@ -456,7 +456,8 @@ def test_a_schedule_on_the_extension_runs_on_the_queue_it_names_in_the_apps_cont
 # -- the web dashboard, mounted with init_dashboard --------------------------------------
 
 #: Every URL a page of the dashboard names: links, forms, its script and stylesheet, the live part.
-URL_ATTRIBUTES = re.compile(r'\b(?:href|action|src|data-refresh)="([^"]*)"')
+#: The URLs a page links to or loads (a data: URL, the empty favicon, is in the page itself: none).
+URL_ATTRIBUTES = re.compile(r'\b(?:href|action|src|data-refresh)="(?!data:)([^"]*)"')
 
 
 def dashboard_app(url: str, queue: str = "default") -> Flask:

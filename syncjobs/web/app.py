@@ -90,6 +90,8 @@ class Request:
             self.host = _first(environ.get("HTTP_X_FORWARDED_HOST")) or self.host
         self.secure = scheme == "https"
         self._form: dict[str, str] | None = None
+        #: Whether the request may see the dashboard: asked once (``authorize`` may be the app's own check).
+        self.allowed = False
         self.cookies = cookies(environ)
 
     @property
@@ -165,7 +167,8 @@ class Dashboard:
             return _static(path.removeprefix("/static/"))
         if path == "/login" and self.access.has_login:
             return self._login(request, csrf)
-        if not self.access.allows(request.environ):
+        request.allowed = self.access.allows(request.environ)
+        if not request.allowed:
             if self.access.has_login:
                 target = path + (f"?{request.environ['QUERY_STRING']}" if request.environ.get("QUERY_STRING") else "")
                 return Response.redirect(f"{request.root}/login?next={quote(target, safe='')}")
@@ -356,7 +359,7 @@ class Dashboard:
         if done == "purged":
             count = request.arg("count") or ""
             notice = f"{int(count)} dead letter(s) purged." if count.isdigit() else notice
-        allowed = self.access.allows(request.environ) and logout is not False
+        allowed = request.allowed and logout is not False
         signed_in = self.access.has_login and allowed
         html = pages.layout(
             request.root,

@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.django_db(transaction=True, databases=list(settings.DA
 
 BASE = "/ops/board"
 #: Every URL a page of the dashboard names: links, forms, its script and stylesheet, the live part.
-URL_ATTRIBUTES = re.compile(r'\b(?:href|action|src|data-refresh)="([^"]*)"')
+#: The URLs a page links to or loads (a data: URL, the empty favicon, is in the page itself: none).
+URL_ATTRIBUTES = re.compile(r'\b(?:href|action|src|data-refresh)="(?!data:)([^"]*)"')
 
 
 def run_worker() -> None:
