@@ -129,14 +129,20 @@ class MemoryLimits:
             for job_id, (digest, _) in self._booked.items():
                 booked_by_key.setdefault(digest, []).append(job_id)
             taken = [
-                (digest, key, [*key.holders, *key.kept], [waiting[2].id for waiting in key.waiting])
+                (
+                    digest,
+                    [*key.holders, *key.kept],
+                    [waiting[2].id for waiting in key.waiting],
+                    key.running,
+                    key.booked,
+                    key.next_at,
+                )
                 for digest, key in self._keys.items()
                 if key.holders or key.kept or key.waiting or key.booked
             ]
-            counts = [(key.running, key.booked, key.next_at) for _, key, _, _ in taken]
         now = self._clock()
         rows = []
-        for (digest, _, holding, waiting), (running, booked, next_at) in zip(taken, counts, strict=True):
+        for digest, holding, waiting, running, booked, next_at in taken:
             ids = (*holding, *waiting, *booked_by_key.get(digest, ()))
             name = next((found for job_id in ids if (found := name_of(job_id)) is not None), None)
             next_in = next_at - now if next_at > float("-inf") else 0.0

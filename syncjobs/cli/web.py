@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from ..database.schema import SCHEMA_VERSION
-from ..web import Dashboard, TableBoard, describe
+from ..errors import QueueError
+from ..web import Dashboard, board_on
 from ..web.access import Access
 from .inspect import open_admin, table_target
 from .target import CommandError
@@ -93,14 +93,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CommandError(f"--refresh must be more than 0 seconds, got {args.refresh:g}")
     admin = open_admin(args)
     target = table_target(args)
-    found = admin.schema_version()
-    if found != SCHEMA_VERSION:
-        admin.close()
-        raise CommandError(
-            f"table {admin.table} is at schema version {found}, this syncjobs needs {SCHEMA_VERSION}: "
-            f"{target.created_by} upgrades it"
-        )
-    board = TableBoard(admin, describe(target.url, admin.table, target.connect_args))
+    try:
+        board = board_on(admin, target.url, target.connect_args, f"{target.created_by} upgrades it")
+    except QueueError as exc:
+        raise CommandError(str(exc)) from None
     app = Dashboard(board, access, refresh_seconds=args.refresh, behind_proxy=args.behind_proxy)
     try:
         server = make_server(args.host, args.port, app, server_class=_ThreadingServer, handler_class=_QuietHandler)

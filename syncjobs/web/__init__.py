@@ -65,13 +65,20 @@ def table_board(
             )
         )
     admin = TableAdmin.connect(url, table=table, connect_args=connect_args)
+    return board_on(admin, url, connect_args, "run `syncjobs migrate` (or install_schema() on its queue)")
+
+
+def board_on(admin: TableAdmin, url: str, connect_args: Mapping[str, Any] | None, upgrade: str) -> TableBoard:
+    """A board on ``admin``'s table; a :class:`QueueError` (``admin`` closed) unless it is at this version.
+
+    ``upgrade`` says how to bring the table to this version.
+    """
     found = admin.schema_version()
     if found != SCHEMA_VERSION:
         admin.close()
         where = "there is no such table" if found is None else f"it is at schema version {found}"
         raise QueueError(
-            f"the dashboard of table {table!r} needs schema version {SCHEMA_VERSION} and {where}: "
-            "run `syncjobs migrate` (or install_schema() on its queue)"
+            f"the dashboard of table {admin.table!r} needs schema version {SCHEMA_VERSION} and {where}: {upgrade}"
         )
     return TableBoard(admin, describe(url, admin.table, connect_args))
 

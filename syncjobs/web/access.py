@@ -88,7 +88,11 @@ class Access:
             return True
         if self.authorize is not None:
             return bool(self.authorize(environ))
-        return self.header_credential(environ) or self._session_valid(cookies(environ).get(SESSION_COOKIE, ""))
+        return (
+            self.bearer(environ)
+            or self._basic(environ)
+            or self._session_valid(cookies(environ).get(SESSION_COOKIE, ""))
+        )
 
     def bearer(self, environ: Environ) -> bool:
         """Whether the request carries the token in ``Authorization: Bearer``, as a script does.
@@ -96,22 +100,19 @@ class Access:
         A browser never adds that header by itself (it may add cached Basic
         credentials to another site's form), so such a request needs no CSRF token.
         """
-        scheme, _, value = str(environ.get("HTTP_AUTHORIZATION", "")).partition(" ")
-        return self.token is not None and scheme.lower() == "bearer" and _same(value.strip(), self.token)
+        scheme, value = _authorization(environ)
+        return self.token is not None and scheme == "bearer" and _same(value, self.token)
 
-    def header_credential(self, environ: Environ) -> bool:
-        """Whether the request carries the credential itself (``Authorization: Bearer``/``Basic``), as a script does."""
-        header = str(environ.get("HTTP_AUTHORIZATION", ""))
-        scheme, _, value = header.partition(" ")
-        if self.token is not None and scheme.lower() == "bearer":
-            return _same(value.strip(), self.token)
-        if self.user is not None and scheme.lower() == "basic":
-            try:
-                user, _, password = base64.b64decode(value.strip(), validate=True).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                return False
-            return self.check_login({"user": user, "password": password})
-        return False
+    def _basic(self, environ: Environ) -> bool:
+        """Whether the request carries the user and password in ``Authorization: Basic``."""
+        scheme, value = _authorization(environ)
+        if self.user is None or scheme != "basic":
+            return False
+        try:
+            user, _, password = base64.b64decode(value, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        return self.check_login({"user": user, "password": password})
 
     def new_session(self, now: float | None = None) -> str:
         """The value of a session cookie good for SESSION_SECONDS."""
@@ -126,6 +127,12 @@ class Access:
 
     def _sign(self, text: str) -> str:
         return hmac.new(self._key or b"", text.encode(), hashlib.sha256).hexdigest()
+
+
+def _authorization(environ: Environ) -> tuple[str, str]:
+    """The ``Authorization`` header's scheme (lower case) and credential."""
+    scheme, _, value = str(environ.get("HTTP_AUTHORIZATION", "")).partition(" ")
+    return scheme.lower(), value.strip()
 
 
 def cross_site(environ: Environ, host: str) -> bool:
