@@ -3,7 +3,9 @@
 ``syncjobs web`` runs as a process of its own on each database, as an
 operator starts it; the test process dispatches and runs jobs into the same
 table, and the browser logs in, watches the overview update in place, finds
-a dead job, retries it and sees it done. Every page visited is saved as a
+a dead job, retries it and sees it done; through a fault-injecting proxy
+(tests/faultproxy.py) it sees the overview say so while the dashboard does
+not answer, and update again once it does. Every page visited is saved as a
 screenshot under the test's ``tmp_path / "screenshots"`` (the path is printed:
 ``pytest -rA`` shows it).
 
@@ -21,6 +23,7 @@ import secrets
 import signal
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +34,7 @@ import pytest
 
 import syncjobs
 from syncjobs.database.dialects import Connector
+from tests.faultproxy import FaultProxy
 from tests.helpers import WAIT
 from tests.test_worker_commands import ROOT, Worker
 
@@ -154,6 +158,15 @@ def dashboard(_browser_ready: None, db_url: str, monkeypatch: pytest.MonkeyPatch
             _delete_rows(db_url, [queue.queue_name for queue in served.queues])
 
 
+@pytest.fixture
+def dashboard_proxy(dashboard: Served) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the dashboard: a browser sent through it sees the faults it makes."""
+    port = urlsplit(dashboard.origin).port
+    assert port is not None, dashboard.origin
+    with FaultProxy("127.0.0.1", port) as proxy:
+        yield proxy
+
+
 # -- the browser ----------------------------------------------------------------------------
 
 
@@ -274,6 +287,16 @@ def ready_count(driver: WebDriver, queue: str) -> str | None:
         queue,
     )
     return found
+
+
+def stale(driver: WebDriver) -> bool:
+    """Whether the overview marks its live part stale, and shows the notice that says so."""
+    notice: str | None = driver.execute_script(
+        "var live = document.getElementById('live');"
+        "var updated = live && live.hasAttribute('data-stale') && live.querySelector('.updated');"
+        "return updated ? window.getComputedStyle(updated, '::after').content : null;"
+    )
+    return notice is not None and "does not answer" in notice
 
 
 def filter_job_list(driver: WebDriver, served: Served, *, state: str, queue: str) -> list[WebElement]:
@@ -442,3 +465,54 @@ def test_a_payload_with_markup_shows_as_text_and_runs_nothing(
     shots.take(driver, "job-cancelled")
     assert_same_origin(driver, dashboard)
     assert_console_clean(driver)
+
+
+def test_the_overview_says_so_while_the_server_does_not_answer(
+    dashboard: Served, dashboard_proxy: FaultProxy, browser: WebDriver, shots: Shots
+) -> None:
+    """Black-holed, then refused, on the path between the browser and the dashboard: stale, and live again after."""
+    driver = browser
+    proxy = dashboard_proxy
+    through = dataclasses.replace(dashboard, origin=f"http://127.0.0.1:{proxy.port}")
+    log_in(driver, through)
+    waiting = dashboard.queue("stale", workers=0)
+
+    @waiting.task(name="web.browser.stale")
+    def waits(n: int) -> int:
+        return n
+
+    waits.dispatch(0)
+    wait_for(driver, lambda d: ready_count(d, waiting.queue_name) == "1", "the overview to show 1 ready job")
+    assert not stale(driver)
+    driver.execute_script("window.__noReload = 1")
+    ready = 1
+    for fault, make in (("blackholed", proxy.blackhole), ("refused", proxy.refuse)):
+        make()
+        began = time.monotonic()
+        wait_for(driver, stale, f"the overview to say the server does not answer ({fault})")
+        print(f"{fault}: stale after {time.monotonic() - began:.1f} s")  # noqa: T201 - for `pytest -rA`
+        assert ready_count(driver, waiting.queue_name) == str(ready)  # the last counts it had, still shown
+        shots.take(driver, f"overview-{fault}")
+        proxy.resume()
+        began = time.monotonic()
+        wait_for(driver, lambda d: not stale(d), f"the overview to be live again after being {fault}")
+        waits.dispatch(ready)
+        ready += 1
+        wait_for(
+            driver,
+            lambda d, shown=str(ready): ready_count(d, waiting.queue_name) == shown,
+            f"the overview to show {ready} ready jobs after being {fault}",
+        )
+        print(f"{fault}: live again after {time.monotonic() - began:.1f} s")  # noqa: T201 - for `pytest -rA`
+        shots.take(driver, f"overview-after-{fault}")
+    assert driver.execute_script("return window.__noReload") == 1, "the page was reloaded, not updated in place"
+    assert at(driver, through) == "/"
+    # The refused fetches' failed loads, and nothing else: no script error (an abort left unhandled, say).
+    refused = "/?part=live - Failed to load resource: net::"
+    unexpected = [
+        entry
+        for entry in driver.get_log("browser")
+        if entry.get("level") in ("SEVERE", "WARNING")
+        and not (entry.get("source") == "network" and refused in entry.get("message", ""))
+    ]
+    assert not unexpected, unexpected

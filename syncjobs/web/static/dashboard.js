@@ -17,9 +17,18 @@
   var url = live.getAttribute("data-refresh");
   var every = parseInt(live.getAttribute("data-every"), 10) || 2000;
   var failures = 0;
+  // A server that does not answer may never close the connection either (a dead network path, a
+  // frozen proxy): a fetch that is not over by then is given up on, and counts as a failure.
+  var patience = Math.max(5000, 2 * every);
 
   function refresh() {
-    fetch(url, { credentials: "same-origin", headers: { "Accept": "text/html" } })
+    var controller = typeof AbortController === "function" ? new AbortController() : null;
+    var timer = controller && window.setTimeout(function () { controller.abort(); }, patience);
+    fetch(url, {
+      credentials: "same-origin",
+      headers: { "Accept": "text/html" },
+      signal: controller ? controller.signal : undefined
+    })
       .then(function (response) {
         if (response.redirected || response.status === 401 || response.status === 403) {
           // The session ended: the whole page shows the login.
@@ -43,6 +52,7 @@
         live.setAttribute("data-stale", "true");
       })
       .then(function () {
+        window.clearTimeout(timer);
         // Slower while the server does not answer, up to a minute between tries.
         window.setTimeout(refresh, Math.min(every * Math.pow(2, failures), 60000));
       });
