@@ -222,12 +222,18 @@ def metrics_cost(jobs: int, pairs: int) -> tuple[float, float]:
     """The rate with metrics, and its ratio to the rate without: the median of ``pairs`` runs side by side.
 
     The two runs of a pair follow each other, so that their ratio shares the
-    machine's spell; the median of the pairs' ratios is what is stated.
+    machine's spell, and take turns at going first, so that neither always
+    meets the heap and caches the other left; the median of the pairs'
+    ratios is what is stated.
     """
     rates, ratios = [], []
-    for _ in range(pairs):
-        without = run_syncjobs(jobs)
-        rates.append(run_syncjobs_metrics(jobs))
+    for pair in range(pairs):
+        if pair % 2:
+            rates.append(run_syncjobs_metrics(jobs))
+            without = run_syncjobs(jobs)
+        else:
+            without = run_syncjobs(jobs)
+            rates.append(run_syncjobs_metrics(jobs))
         ratios.append(rates[-1] / without)
     return statistics.median(rates), statistics.median(ratios)
 
@@ -251,7 +257,7 @@ def main() -> None:
         [run_syncjobs, run_syncjobs_task, run_executor, run_plain_threads], args.jobs, args.repeat
     )
     # Five times the jobs per run: a cost of a few percent is smaller than the scatter of short runs.
-    measured, cost = metrics_cost(5 * args.jobs, 2 * args.repeat + 1)
+    measured, cost = metrics_cost(5 * args.jobs, 4 * args.repeat - 1)
     dispatch = dispatch_cost_us(args.jobs)
     p50, p99 = pickup_latency_ms()
     pending, pending_plain = bytes_per_pending_job(50_000)
