@@ -760,5 +760,9 @@ def test_a_table_at_an_older_schema_version_is_refused_with_the_command_that_upg
         assert refused.returncode == 1
         assert "is at schema version 9" in refused.stderr
         assert "syncjobs migrate" in refused.stderr
+        # A table a newer syncjobs made: migrate would not help.
+        execute(table.url, f"UPDATE {TABLE}_schema SET version = {SCHEMA_VERSION + 1}")
+        with pytest.raises(syncjobs.QueueError, match=r"at schema version \d+: upgrade syncjobs"):
+            dashboard(table.url, table=TABLE, token=TOKEN)
     finally:
         execute(table.url, f"UPDATE {TABLE}_schema SET version = {SCHEMA_VERSION}")

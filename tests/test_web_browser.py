@@ -470,7 +470,11 @@ def test_a_payload_with_markup_shows_as_text_and_runs_nothing(
 def test_the_overview_says_so_while_the_server_does_not_answer(
     dashboard: Served, dashboard_proxy: FaultProxy, browser: WebDriver, shots: Shots
 ) -> None:
-    """Black-holed, then refused, on the path between the browser and the dashboard: stale, and live again after."""
+    """Black-holed, then refused, on the path between the browser and the dashboard: stale, and live again after.
+
+    Black-holed, the refresh waits: the page says the server does not answer
+    after its patience, and takes the late answer once the path flows again.
+    """
     driver = browser
     proxy = dashboard_proxy
     through = dataclasses.replace(dashboard, origin=f"http://127.0.0.1:{proxy.port}")

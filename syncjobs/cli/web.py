@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from ..database import DatabaseUnavailable
 from ..errors import QueueError
 from ..web import Dashboard, board_on
 from ..web.access import Access
@@ -95,6 +96,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     target = table_target(args)
     try:
         board = board_on(admin, target.url, target.connect_args, f"{target.created_by} upgrades it")
+    except DatabaseUnavailable:
+        raise  # the command's own report of a database that does not answer
     except QueueError as exc:
         raise CommandError(str(exc)) from None
     app = Dashboard(board, access, refresh_seconds=args.refresh, behind_proxy=args.behind_proxy)

@@ -33,6 +33,7 @@ __all__ = [
     "MemoryBoard",
     "Overview",
     "TableBoard",
+    "board_on",
     "dashboard",
     "memory_board",
     "queue_board",
@@ -71,14 +72,19 @@ def table_board(
 def board_on(admin: TableAdmin, url: str, connect_args: Mapping[str, Any] | None, upgrade: str) -> TableBoard:
     """A board on ``admin``'s table; a :class:`QueueError` (``admin`` closed) unless it is at this version.
 
-    ``upgrade`` says how to bring the table to this version.
+    ``upgrade`` says how to bring an older table to this version.
     """
-    found = admin.schema_version()
+    try:
+        found = admin.schema_version()
+    except BaseException:
+        admin.close()
+        raise
     if found != SCHEMA_VERSION:
         admin.close()
         where = "there is no such table" if found is None else f"it is at schema version {found}"
+        how = "upgrade syncjobs to a version that reads it" if found is not None and found > SCHEMA_VERSION else upgrade
         raise QueueError(
-            f"the dashboard of table {admin.table!r} needs schema version {SCHEMA_VERSION} and {where}: {upgrade}"
+            f"the dashboard of table {admin.table!r} needs schema version {SCHEMA_VERSION} and {where}: {how}"
         )
     return TableBoard(admin, describe(url, admin.table, connect_args))
 

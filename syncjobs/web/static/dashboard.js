@@ -17,13 +17,17 @@
   var url = live.getAttribute("data-refresh");
   var every = parseInt(live.getAttribute("data-every"), 10) || 2000;
   var failures = 0;
-  // A server that does not answer may never close the connection either (a dead network path, a
-  // frozen proxy): a fetch that is not over by then is given up on, and counts as a failure.
+  // A refresh that has waited this long says the server does not answer (the counts shown are older
+  // than that); a slow answer (a busy database) is still taken when it comes.
   var patience = Math.max(5000, 2 * every);
+  // One that gets neither an answer nor a closed connection (a dead network path, a frozen proxy) is
+  // given up on, and counts as a failure.
+  var giveUp = Math.max(60000, 4 * every);
 
   function refresh() {
     var controller = typeof AbortController === "function" ? new AbortController() : null;
-    var timer = controller && window.setTimeout(function () { controller.abort(); }, patience);
+    var slow = window.setTimeout(function () { live.setAttribute("data-stale", "true"); }, patience);
+    var abandon = controller && window.setTimeout(function () { controller.abort(); }, giveUp);
     fetch(url, {
       credentials: "same-origin",
       headers: { "Accept": "text/html" },
@@ -52,7 +56,8 @@
         live.setAttribute("data-stale", "true");
       })
       .then(function () {
-        window.clearTimeout(timer);
+        window.clearTimeout(slow);
+        window.clearTimeout(abandon);
         // Slower while the server does not answer, up to a minute between tries.
         window.setTimeout(refresh, Math.min(every * Math.pow(2, failures), 60000));
       });
