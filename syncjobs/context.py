@@ -89,8 +89,13 @@ class RunInfo:
         job's record when the run ends.
         """
         self.latest_progress = progress = self._checked_progress(done, total, note)
-        if self._report is not None:
-            self._report(progress)
+        report = self._report  # read once: an abandoning thread may clear it meanwhile
+        if report is not None:
+            report(progress)
+
+    def stop_reports(self) -> None:
+        """Pass no more reports on (the run was abandoned); :attr:`latest_progress` still follows them."""
+        self._report = None
 
     def _checked_progress(self, done: object, total: object, note: object) -> Progress:
         if isinstance(done, bool) or not isinstance(done, (int, float)):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor  # at import, not lazily: see exit_hooks.before_threads_join
 from contextlib import AbstractContextManager
+from functools import partial
 from traceback import format_exception
 from typing import NamedTuple, cast
 
@@ -32,7 +33,7 @@ from .payload import dead_letter_from_text, decode, encode_result
 from .protocols import Store
 from .registry import Registry
 from .retry import retry_backoff
-from .status import DEFAULT_KEEP_RESULT, Progress
+from .status import DEFAULT_KEEP_RESULT
 from .timers import TimerHeap
 
 logger = logging.getLogger("syncjobs")
@@ -108,7 +109,6 @@ class _Run:
         "info",
         "job",
         "started",
-        "store",
         "timeout",
     )
 
@@ -116,10 +116,10 @@ class _Run:
         self.generation = generation
         self.started = time.perf_counter()
         self.envelope = envelope
-        self.store = store
-        self.info = RunInfo(
-            envelope.id, envelope.name, envelope.attempt, envelope.max_attempts, report=self._publish_progress
-        )
+        # Reports go straight to the store: a callback bound to this run would make a reference cycle (run,
+        # info, callback) that only the garbage collector frees, which then collected some 9 objects a job.
+        report = partial(store.progress, envelope)
+        self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts, report=report)
         #: cancel() asked for this job: the run ends cancelled, whatever it does.
         self.cancelled_by_user = False
         # A fresh copy per run: one Context cannot be entered by two threads
@@ -131,9 +131,10 @@ class _Run:
         self.job: Job | None = None
         self.timeout: float | None = None
 
-    def _publish_progress(self, progress: Progress) -> None:
-        if not self.abandoned:  # a timed-out run's reports no longer belong to the job
-            self.store.progress(self.envelope, progress)
+    def abandon(self) -> None:
+        """Shutdown or the run's timeout took its outcome: what it reports from now on no longer belongs to the job."""
+        self.abandoned = True
+        self.info.stop_reports()
 
     def progress_json(self) -> str | None:
         """What the run last reported, as JSON, for the job's record when it ends."""
@@ -384,7 +385,7 @@ class WorkerPool:
             unbegun = [run for run in taken if run.decide(_SHUTDOWN)]
             stranded = [run for run in taken if run not in unbegun]
             for run in stranded:
-                run.abandoned = True
+                run.abandon()
             # Read again: spares that fail runs timed out meanwhile are waited for too.
             workers = list(generation.workers)
             # Under the lock, each slot read once: a worker finishing its run
@@ -608,7 +609,7 @@ class WorkerPool:
         if self._running.pop(run, _GONE) is _GONE:
             return  # finished in time, or shutdown took it
         self._took(run)
-        run.abandoned = True
+        run.abandon()
         run.info.cancel()
         envelope = run.envelope
         logger.warning(

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 import syncjobs
+from syncjobs.status import Progress
 from tests.conftest import Backend, QueueFactory
 from tests.helpers import WAIT, FakeClock, Probe, ProbeJob, wait_until
 
@@ -109,6 +110,37 @@ def test_a_run_that_ignores_its_token_is_dead_lettered_and_the_pool_keeps_its_wi
     finally:
         stuck.release.set()
         BARRIERS.pop(key).abort()
+
+
+class TimedLonger(ProbeJob):
+    """Times out after a second: time enough for a test to look at its retry's run before that times out too."""
+
+    NAME = "tests.timed_longer"
+    MAX_ATTEMPTS = 3
+    TIMEOUT = 1.0
+
+
+def test_what_a_timed_out_run_reports_later_is_not_the_jobs_progress(make_queue: QueueFactory) -> None:
+    queue = make_queue(workers=2)
+    queue.register(TimedLonger)
+    probe = Probe("block", "cooperate")  # the first run ignores its token; the retry waits for release
+    try:
+        with queue:
+            job_id = queue.dispatch(TimedLonger(probe.id))
+            probe.wait_runs(2)  # the first run timed out, still stuck in its job; the retry runs
+            abandoned: syncjobs.RunInfo = probe.runs[0]["info"]
+            abandoned.progress(99, 100, "late")  # as the stuck job would, once it goes on
+            assert abandoned.latest_progress == Progress(99, 100, "late")
+            status = queue.status(job_id)
+            assert status is not None
+            # A database marks a run it had prefetched 'running' with its next claim: 'retrying' until then.
+            assert status.state in ("running", "retrying"), status
+            assert status.attempts == 1, status
+            assert status.progress is None, "the retry reported nothing; the abandoned run's report is not its"
+            probe.release.set()
+            assert queue.join(WAIT)
+    finally:
+        probe.release.set()
 
 
 def test_shutdown_does_not_wait_for_a_worker_stuck_in_a_timed_out_run(make_queue: QueueFactory) -> None:
