@@ -152,11 +152,3 @@ def carried_context() -> contextvars.Context:
 def current_job() -> RunInfo | None:
     """The run this thread is executing, or ``None`` outside a run."""
     return _current.get()
-
-
-def set_current(info: RunInfo | None) -> contextvars.Token[RunInfo | None]:
-    return _current.set(info)
-
-
-def reset_current(token: contextvars.Token[RunInfo | None]) -> None:
-    _current.reset(token)

@@ -32,15 +32,15 @@ class DispatchHooks:
 
     def __init__(self) -> None:
         self._hooks: list[DispatchHook] = []
+        #: Whether any hook was added: read at every dispatch (a plain attribute costs less than ``__bool__``).
+        self.active = False
 
     def add(self, hook: DispatchHook) -> None:
         if not callable(hook):
             raise TypeError(f"around_dispatch() takes a callable returning a context manager, got {hook!r}")
         if not already_given(self._hooks, hook):  # once: twins share their hooks, and each may be given it
             self._hooks.append(hook)
-
-    def __bool__(self) -> bool:
-        return bool(self._hooks)
+            self.active = True
 
     def around(self, job: Job, make: Callable[[], T]) -> T:
         """``make()`` inside every hook for ``job``: what it returns, or what it (or a hook's veto) raises."""

@@ -89,13 +89,6 @@ def _json(progress: Progress | None) -> str | None:
     return None if progress is None else progress.to_json()
 
 
-class _Look:
-    """``_keep(started=_LOOK)``: read when the run began from ``_started``."""
-
-
-_LOOK = _Look()
-
-
 class MemoryStore:
     def __init__(self, clock: Callable[[], float], keep_dead: float) -> None:
         self._clock = clock
@@ -194,13 +187,15 @@ class MemoryStore:
 
     def complete(self, envelope: Envelope, result: str | None, keep: float, progress: str | None = None) -> None:
         if keep > 0:
-            self._keep(envelope, "done", keep, result=result, attempts=envelope.attempt + 1, progress=progress)
+            started = self._started.get(envelope.id)
+            self._keep(envelope, "done", keep, envelope.attempt + 1, started, progress=progress, result=result)
         self._limits.ended(envelope)
         self._finish(envelope)
 
     def cancelled(self, envelope: Envelope, progress: str | None) -> None:
         if self.keep_dead > 0:
-            self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, progress=progress)
+            started = self._started.get(envelope.id)
+            self._keep(envelope, "cancelled", self.keep_dead, envelope.attempt, started, progress=progress)
         self._limits.ended(envelope)
         self._finish(envelope)
 
@@ -217,9 +212,10 @@ class MemoryStore:
             self._started.pop(job_id, None)
             return None
         # Waiting (ready or parked): its claim will drop it; it ends now.
-        self._keep(envelope, "cancelled", self.keep_dead, attempts=envelope.attempt, started=None)
+        self._keep(envelope, "cancelled", self.keep_dead, envelope.attempt, None)
         self._unfinished.pop(job_id, None)
-        self._notify_finish()
+        if not self._unfinished or self._finish_waiters:
+            self._notify_finish()
         self._cancelled_since_prune += 1
         if self._cancelled_since_prune >= max(_PRUNE_CANCELLED_AT, len(self.timers) // 2):
             self._prune_cancelled()
@@ -246,7 +242,8 @@ class MemoryStore:
             # Its end, where the job raised: up to MAX_RECORDS dead ones may be kept, in this process's memory.
             traceback = "…\n" + traceback[-TRACEBACK_KEPT:]
         if self.keep_dead > 0:
-            self._keep(envelope, "dead", self.keep_dead, error=error, traceback=traceback, attempts=envelope.attempt)
+            started = self._started.get(envelope.id)
+            self._keep(envelope, "dead", self.keep_dead, envelope.attempt, started, error=error, traceback=traceback)
         self._limits.ended(envelope)
         self._finish(envelope)
 
@@ -342,19 +339,21 @@ class MemoryStore:
         envelope: Envelope,
         state: State,
         keep: float,
-        *,
         attempts: int,
+        started: float | None,
+        *,
+        progress: str | None = None,
         result: str | None = None,
         error: str | None = None,
         traceback: str | None = None,
-        progress: str | None = None,
-        started: float | _Look | None = _LOOK,
     ) -> None:
-        if isinstance(started, _Look):
-            started = self._started.get(envelope.id)
+        """Write the finished job's record; ``progress`` None: what it reported last, if it did."""
+        job_id = envelope.id
+        if progress is None and self._progress:
+            progress = _json(self._progress.get(job_id))
         now = self._clock()
         expires = now + keep
-        self._records[envelope.id] = (
+        self._records[job_id] = (
             state,
             envelope.name,
             attempts,
@@ -364,7 +363,7 @@ class MemoryStore:
             started,
             time.time(),
             expires,
-            progress if progress is not None else _json(self._progress.get(envelope.id)),
+            progress,
             envelope.payload,
             envelope.priority,
             traceback,
@@ -514,19 +513,23 @@ class MemoryStore:
 
     def _finish(self, envelope: Envelope) -> None:
         # _unfinished first: status() finds a job there, then looks at _started.
-        self._unfinished.pop(envelope.id, None)
-        self._started.pop(envelope.id, None)
-        self._progress.pop(envelope.id, None)
-        self._notify_finish()
+        job_id = envelope.id
+        self._unfinished.pop(job_id, None)
+        self._started.pop(job_id, None)
+        if self._progress:
+            self._progress.pop(job_id, None)
+        if not self._unfinished or self._finish_waiters:
+            self._notify_finish()
 
     def _notify_finish(self) -> None:
-        # Woken only when it matters to them: a join() woken at every finish
-        # would take the GIL from the workers once per job while they drain.
-        # A waiter checks under the lock before it waits, so a notify sent
-        # after the pop is never lost.
-        if not self._unfinished or self._finish_waiters:
-            with self._idle:
-                self._idle.notify_all()
+        """Wake the waiters of a finish; called only when it matters to them (no job left, or a wait_finished()).
+
+        A join() woken at every finish would take the GIL from the workers
+        once per job while they drain. A waiter checks under the lock before
+        it waits, so a notify sent after the pop is never lost.
+        """
+        with self._idle:
+            self._idle.notify_all()
 
 
 class InMemoryJobQueue(StoreQueue):

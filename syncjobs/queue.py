@@ -164,7 +164,10 @@ class StoreQueue:
         if self._diverted_to is not None:
             return self._diverted_to.dispatch(job, delay=delay, run_at=run_at, priority=priority)
         envelope, seconds, unique = self._checked(job, delay, run_at, priority)
-        return self.handle_of(envelope.name, envelope.id, self._put(envelope, seconds, unique))
+        holder = self._put(envelope, seconds, unique)
+        if holder is None:
+            return self._handle_type(envelope.id)
+        return self.handle_of(envelope.name, envelope.id, holder)
 
     def _put(self, envelope: Envelope, seconds: float, unique: UniqueKey | None) -> str | None:
         """Enqueue a checked envelope; the holder of its unique key if that one is enqueued instead."""
@@ -172,7 +175,7 @@ class StoreQueue:
 
     def _enqueued(self, name: str, holder: str | None) -> str | None:
         """Tell the dispatch observers of a job of ``name`` enqueued (``holder`` None: not a duplicate)."""
-        if holder is None:
+        if holder is None and self._dispatch_observers:
             for observer in self._dispatch_observers:
                 try:
                     observer(name)
@@ -363,7 +366,7 @@ class StoreQueue:
 
         Inside the dispatch hooks, which see every check's refusal (and where the caller's context is copied).
         """
-        if not self._dispatch_hooks:
+        if not self._dispatch_hooks.active:
             return self._check(job, delay, run_at, priority)
         return self._dispatch_hooks.around(job, lambda: self._check(job, delay, run_at, priority))
 
@@ -371,9 +374,12 @@ class StoreQueue:
         self, job: Job, delay: Delay, run_at: datetime.datetime | None, priority: int | None
     ) -> tuple[Envelope, float, UniqueKey | None]:
         envelope = new_envelope(self._registry, job, priority)
-        seconds = delay_seconds(envelope.name, delay, run_at)
-        unique = unique_key(job, self.unique_scope)
-        limit_key(job, self.unique_scope)  # a key that cannot be made is refused here, not at its claim
+        seconds = 0.0 if delay is None and run_at is None else delay_seconds(envelope.name, delay, run_at)
+        job_cls = type(job)
+        unique = None
+        if job_cls.UNIQUE is not None or job_cls.LIMIT is not None:  # most jobs declare neither: no call
+            unique = unique_key(job, self.unique_scope)
+            limit_key(job, self.unique_scope)  # a key that cannot be made is refused here, not at its claim
         self._check_envelope(envelope)
         return envelope, seconds, unique
 

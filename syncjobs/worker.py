@@ -23,7 +23,7 @@ from functools import partial
 from traceback import format_exception
 from typing import NamedTuple, cast
 
-from .context import RunInfo, reset_current, set_current
+from .context import RunInfo, current_run
 from .dead_letters import DeadLetterHandlers
 from .envelope import Envelope
 from .errors import Cancelled, Fatal, QueueError, Retryable
@@ -159,12 +159,6 @@ class _Ended(NamedTuple):
     job: Job | None = None
     exc: BaseException | None = None
     result: object = None
-
-
-def _done(job: Job, result: object) -> _Ended:
-    # tuple.__new__ straight from C: a NamedTuple's own __new__ is Python,
-    # and a no-op run pays for every step of its way through the loop.
-    return tuple.__new__(_Ended, (Outcome.DONE, "", job, None, result))
 
 
 class _Slot:
@@ -563,7 +557,9 @@ class WorkerPool:
         except BaseException as exc:  # noqa: BLE001 - any failure of user code is a failed run; the worker survives
             # The traceback goes to the log; the dead letter keeps the one-line reason.
             return _Ended(Outcome.RETRY, f"job raised {_describe(exc)}", job, exc)
-        return _done(job, value)
+        # tuple.__new__ straight from C: a NamedTuple's own __new__ is Python,
+        # and a no-op run pays for every step of its way through the loop.
+        return tuple.__new__(_Ended, (Outcome.DONE, "", job, None, value))
 
     def _unknown(self, envelope: Envelope) -> _Ended:
         """A job whose NAME has no class here: deferred for a worker that knows it, for ``unknown_job_wait``.
@@ -708,7 +704,8 @@ class WorkerPool:
                 "late finish of abandoned job %s (%s) ignored", envelope.name, envelope.id, extra=_extra(envelope)
             )
             return False
-        self._took(run)
+        if self._cancel_ids:
+            self._took(run)
         if run.cancelled_by_user:
             self._cancel(run, ran=job is not None)
             self._report(run, Outcome.CANCELLED)
@@ -718,9 +715,13 @@ class WorkerPool:
             keep = None if job is None else job.KEEP_RESULT
             keep = float(self.keep_result if keep is None else keep)
             result = None if keep <= 0 or ended.result is None else self._kept_result(envelope, ended.result)
-            self._store.complete(envelope, result, keep, run.progress_json())
+            self._store.complete(
+                envelope, result, keep, None if run.info.latest_progress is None else run.progress_json()
+            )
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("job %s (%s) done", envelope.name, envelope.id, extra=_extra(envelope))
+            if not self._observers:  # most pools: no report to make
+                return True
         elif outcome is Outcome.ABORTED:
             outcome = self._hand_back(envelope, "cancelled")
         elif outcome is Outcome.DEFERRED:
@@ -902,7 +903,7 @@ def log_run(report: RunReport) -> None:
 
 
 def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> object:
-    token = set_current(info)
+    token = current_run.set(info)
     try:
         if not wrappers:  # an ExitStack costs more than a no-op run
             return job.run()
@@ -911,7 +912,7 @@ def _invoke(job: Job, info: RunInfo, wrappers: list[RunWrapper]) -> object:
                 around.enter_context(wrapper())
             return job.run()
     finally:
-        reset_current(token)
+        current_run.reset(token)
 
 
 def _retry_wait(job: Job, failed: int, run: _Run, context: contextvars.Context) -> float:
