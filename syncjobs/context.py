@@ -35,9 +35,9 @@ class RunInfo:
         name: str,
         attempt: int,
         max_attempts: int,
-        *,
         report: Callable[[Progress], object] | None = None,
     ) -> None:
+        # ``report`` may come by position: a class called with a keyword argument costs a dict per call.
         self.id = id
         self.name = name
         #: 0-based number of this run.

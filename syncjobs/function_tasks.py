@@ -366,9 +366,15 @@ class _Call:
         self._positional_only = kinds.count(inspect.Parameter.POSITIONAL_ONLY)
         self._by_name = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
         self._check = _checker(function, parameters)
+        # Every parameter, where each can be given by name and none gathers the rest: a call giving exactly
+        # these by name, and nothing by position, fits without a check (the common form of a dispatch).
+        by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        self._all_by_name = frozenset(p.name for p in parameters) if all(k in by_name for k in kinds) else None
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """The call's ``args`` and ``kwargs`` as they travel; ``TypeError`` (as the call's own) if they do not fit."""
+        if not args and kwargs.keys() == self._all_by_name:
+            return [], kwargs
         self._check(*args, **kwargs)
         first = self._positional_only
         if len(args) <= first or len(args) > first + len(self._by_name):

@@ -8,10 +8,11 @@ that moves them to the ready queue when due.
 from __future__ import annotations
 
 import contextvars
-import heapq
 import logging
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
@@ -107,9 +108,14 @@ class MemoryStore:
         self._started: dict[str, float] = {}
         #: What running jobs last reported, by id.
         self._progress: dict[str, Progress] = {}
-        # Finished jobs' records, and a heap of (expiry, id) that prunes them.
+        # Finished jobs' records; and their ids in the order they expire, a deque for each keep (seconds) in
+        # use: records kept as long expire in the order they are written. A deque of strings holds nothing the
+        # collector tracks, and makes no tuple per job (a heap of (expiry, id) did). Few keeps are in use (one
+        # per KEEP_RESULT), so a deque, once made, stays: a worker may be appending to it.
         self._records: dict[str, _Row] = {}
-        self._expiry: list[tuple[float, str]] = []
+        self._expiry: dict[float, deque[str]] = {}
+        #: When the soonest kept record expires (store clock), as last known: a finish from then on prunes.
+        self._next_expiry = math.inf
         self._pruning = threading.Lock()
         self._idle = threading.Condition()
         #: Threads in wait_finished(), which wants every finish (wait_empty() only the last).
@@ -368,12 +374,14 @@ class MemoryStore:
             envelope.priority,
             traceback,
         )
-        heapq.heappush(self._expiry, (expires, envelope.id))
-        try:
-            due = self._expiry[0][0] <= now or len(self._expiry) > MAX_RECORDS
-        except IndexError:  # another worker's prune emptied it meanwhile
-            due = False
-        if due:
+        ids = self._expiry.get(keep)
+        if ids is None:
+            ids = self._expiry.setdefault(keep, deque())
+        ids.append(job_id)
+        # Unlocked: a prune racing this may write a later time over it, which delays a prune (to the next
+        # finish, at the latest): status() reads each record's expiry itself.
+        self._next_expiry = min(self._next_expiry, expires)
+        if self._next_expiry <= now or len(self._records) > MAX_RECORDS:
             self._prune(now)
 
     def _prune(self, now: float) -> None:
@@ -381,14 +389,36 @@ class MemoryStore:
         if not self._pruning.acquire(blocking=False):
             return
         try:
-            expiry = self._expiry
-            while expiry and (expiry[0][0] <= now or len(expiry) > MAX_RECORDS):
-                _, job_id = heapq.heappop(expiry)
-                row = self._records.get(job_id)
-                if row is not None and (row[_EXPIRES] <= now or len(expiry) >= MAX_RECORDS):
-                    del self._records[job_id]
+            records = self._records
+            while True:
+                soonest, expires = self._soonest_to_expire()
+                if soonest is None or (expires > now and len(records) <= MAX_RECORDS):
+                    break
+                records.pop(soonest.popleft(), None)
+            self._next_expiry = expires
         finally:
             self._pruning.release()
+
+    def _soonest_to_expire(self) -> tuple[deque[str] | None, float]:
+        """The deque of ids whose first record expires soonest, and when; under ``_pruning``.
+
+        Ids whose record is gone (purged, retried) are dropped on the way. A
+        record written again later (a dead letter retried, then ended again)
+        is first met where it was first written: its deque waits for its new
+        expiry, which delays the prune of those behind it, never status().
+        """
+        soonest: deque[str] | None = None
+        expires = math.inf
+        records = self._records
+        for ids in list(self._expiry.values()):
+            while ids:
+                row = records.get(ids[0])
+                if row is not None:
+                    if row[_EXPIRES] < expires:
+                        soonest, expires = ids, row[_EXPIRES]
+                    break
+                ids.popleft()
+        return soonest, expires
 
     def unfinished_ids(self) -> set[str]:
         return set(self._unfinished)

@@ -84,6 +84,8 @@ def encode(job: Job) -> str:
         raise QueueError(f"job {job.NAME!r}: payload is nested too deeply for JSON") from exc
     if not text.isascii() and _SURROGATE.search(text):
         raise QueueError(f"job {job.NAME!r}: payload is not valid Unicode: {describe_problem(payload)}")
+    if _plain(payload):
+        return text
     try:
         decoded, end = _scan_once(text, 0)
     except RecursionError as exc:
@@ -92,6 +94,38 @@ def encode(job: Job) -> str:
         raise QueueError(f"job {job.NAME!r}: payload does not survive a JSON round trip: {describe_problem(payload)}")
     # The decoded copy is not kept for the first run: it would double a pending job's memory.
     return text
+
+
+# Types JSON gives back as they were, equal, once encoded (a float is finite: the encoder refused the rest;
+# a str holds no lone surrogate: encode() refused it). Exact types: a subclass comes back as its base.
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(payload: dict[str, Any]) -> bool:
+    """Whether ``payload`` comes back from JSON equal without a round trip to prove it: true of most payloads.
+
+    That is a dict of string keys whose values are scalars, or lists or dicts
+    (of string keys) of scalars: what a job's fields, or a task's arguments
+    (``{"args": [...], "kwargs": {...}}``), mostly are. A round trip costs
+    more than the rest of a dispatch's checks; anything else takes it.
+    """
+    for key, value in payload.items():
+        kind = type(value)
+        if type(key) is not str:
+            return False
+        if kind in _SCALARS:
+            continue
+        if kind is list:
+            for item in value:
+                if type(item) not in _SCALARS:
+                    return False
+        elif kind is dict:
+            for inner_key, item in value.items():
+                if type(inner_key) is not str or type(item) not in _SCALARS:
+                    return False
+        else:
+            return False
+    return True
 
 
 def encode_result(value: Any) -> str:

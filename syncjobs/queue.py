@@ -163,7 +163,10 @@ class StoreQueue:
         """
         if self._diverted_to is not None:
             return self._diverted_to.dispatch(job, delay=delay, run_at=run_at, priority=priority)
-        envelope, seconds, unique = self._checked(job, delay, run_at, priority)
+        if self._dispatch_hooks.active:
+            envelope, seconds, unique = self._checked(job, delay, run_at, priority)
+        else:  # the same, one call fewer: a dispatch pays for each
+            envelope, seconds, unique = self._check(job, delay, run_at, priority)
         holder = self._put(envelope, seconds, unique)
         if holder is None:
             return self._handle_type(envelope.id)

@@ -119,7 +119,7 @@ class _Run:
         # Reports go straight to the store: a callback bound to this run would make a reference cycle (run,
         # info, callback) that only the garbage collector frees, which then collected some 9 objects a job.
         report = partial(store.progress, envelope)
-        self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts, report=report)
+        self.info = RunInfo(envelope.id, envelope.name, envelope.attempt, envelope.max_attempts, report)
         #: cancel() asked for this job: the run ends cancelled, whatever it does.
         self.cancelled_by_user = False
         # A fresh copy per run: one Context cannot be entered by two threads

@@ -246,6 +246,11 @@ def _cycle() -> list[object]:
         (_cycle(), r"field 'value\[1\]' contains itself"),
         ((1, 2), r"field 'value' is a tuple, which comes back from JSON as a list"),
         ([{"when": datetime.date(2026, 1, 1)}], r"field 'value\[0\].when' is a date"),
+        # One level down and two: where a payload of scalars, lists and dicts takes no round trip, these do.
+        ([1, (2, 3)], r"field 'value\[1\]' is a tuple"),
+        ({"n": (1, 2)}, r"field 'value.n' is a tuple"),
+        ({"n": {2: "two"}}, r"field 'value.n' has the key 2 of type int"),
+        ([[(1,)]], r"field 'value\[0\]\[0\]' is a tuple"),
     ],
 )
 def test_dispatch_refuses_a_payload_that_does_not_survive_json(

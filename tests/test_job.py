@@ -144,3 +144,42 @@ def test_dead_letters_are_frozen() -> None:
     dead = syncjobs.DeadLetter("id", "name", {}, 1, "fatal: x")
     with pytest.raises(dataclasses.FrozenInstanceError):
         dead.error = "changed"  # type: ignore[misc]
+
+
+@dataclasses.dataclass
+class Scalars(syncjobs.Job):
+    NAME = "tests.scalars"
+    text: str
+    number: int
+    ratio: float
+    flag: bool
+    nothing: None
+    items: list[object]
+    mapping: dict[str, object]
+
+    def run(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        Scalars("héllo ✓ 日本", 10**40, -0.0, True, None, [], {}),
+        Scalars("", -(2**63), 5e-324, False, None, [1, 2.5, "x", None, True], {"a": 1, "b": "c", "d": None}),
+        Scalars('\u0000\n"', 0, 1.7976931348623157e308, True, None, ["é", 0.1 + 0.2], {"é": 1e-7}),
+    ],
+)
+def test_a_payload_of_scalars_lists_and_dicts_comes_back_equal_and_of_the_same_types(job: Scalars) -> None:
+    # Such payloads are accepted without a round trip at dispatch: what a run gets back must be them exactly.
+    payload = job.to_payload()
+    back = decode(encode(job))
+    assert back == payload
+    assert _types(back) == _types(payload)
+
+
+def _types(value: object) -> object:
+    if isinstance(value, dict):
+        return {key: _types(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_types(item) for item in value]
+    return (type(value), repr(value))

@@ -364,6 +364,37 @@ def test_memory_keeps_at_most_max_records_the_soonest_to_expire_going_first(
     assert [handle.status() is not None for handle in handles] == [False, False, False, True, True, True]
 
 
+class BrieflyKept(SumJob):
+    NAME = "tests.sum_briefly_kept"
+    KEEP_RESULT = 10
+
+
+def test_memory_prunes_the_records_of_each_keep_as_theirs_expire() -> None:
+    clock = FakeClock()
+    queue = syncjobs.InMemoryJobQueue(workers=1, keep_result=600, clock=clock)
+    queue.register(SumJob)
+    queue.register(BrieflyKept)
+    with queue:
+        long_kept = queue.dispatch(SumJob([1]))
+        briefly = [queue.dispatch(BrieflyKept([n])) for n in range(3)]
+        dead = queue.dispatch(SumJob([-1]))  # a dead letter: kept 600 s too
+        assert queue.join(WAIT)
+        assert queue.kept_records() == 5
+        clock.advance(11)
+        # Written after the long-kept one, expiring long before it: a finish prunes them all the same.
+        assert queue.dispatch(SumJob([2])).result(WAIT) == {"sum": 2}
+        assert [handle.status() for handle in briefly] == [None, None, None]
+        assert queue.kept_records() == 3
+        later = queue.dispatch(BrieflyKept([4]))
+        assert later.result(WAIT) == {"sum": 4}
+        clock.advance(590)  # the first long-kept record and the dead letter expire, the brief one long since
+        assert queue.dispatch(BrieflyKept([5])).result(WAIT) == {"sum": 5}
+        assert long_kept.status() is None
+        assert dead.status() is None
+        assert later.status() is None
+        assert queue.kept_records() == 2  # SumJob([2]) (600 s from 11 s) and the last brief one
+
+
 def test_result_waits_for_a_job_whose_dispatch_is_not_committed_yet(make_queue: QueueFactory) -> None:
     queue = queue_with(make_queue)
     prepared = queue.prepare(SumJob([8, 9]))
