@@ -72,6 +72,23 @@ def test_a_task_runs_with_the_arguments_it_was_dispatched_with(make_queue: Queue
     )
 
 
+def test_a_task_given_every_parameter_by_name_runs_with_them(make_queue: QueueFactory) -> None:
+    queue = make_queue()
+    calls = Calls()
+
+    @queue.task(name="tests.by_name")
+    def by_name(a: int, b: str = "b", *, c: list[int], d: dict[str, Any] | None = None) -> None:
+        calls.add((a, b, c, d))
+
+    with queue:
+        by_name.dispatch(c=[3], d={"x": None}, b="B", a=1)  # every one, in any order
+        by_name.dispatch(1, b="B", c=[3])
+        with pytest.raises(syncjobs.QueueError, match=r"by_name\(\) missing 1 required keyword-only argument: 'c'"):
+            by_name.dispatch(a=1, b="B", d=None)  # type: ignore[call-arg]
+        assert queue.join(WAIT)
+    assert sorted(calls.wait(2), key=repr) == [(1, "B", [3], None), (1, "B", [3], {"x": None})]
+
+
 def test_calling_a_task_calls_its_function_here_and_enqueues_nothing(make_queue: QueueFactory) -> None:
     queue = make_queue(workers=0)
 
@@ -228,6 +245,10 @@ def test_bad_task_options_are_refused_at_decoration() -> None:
         (((1, 2),), {}, r"argument 'user_id' is a tuple, which comes back from JSON as a list"),
         ((1, {"a": [0.5, math.nan]}), {}, r"argument 'options.a\[1\]' is nan, which JSON cannot represent"),
         ((1,), {"options": {3: "x"}}, r"argument 'options' has the key 3 of type int; JSON keys are strings"),
+        # Every parameter by name: the call binds without a check; what it carries is checked all the same.
+        ((), {"user_id": (1, 2), "options": None}, r"argument 'user_id' is a tuple, which comes back from JSON"),
+        ((), {"user_id": 1, "options": {"a": {3: "x"}}}, r"argument 'options.a' has the key 3 of type int"),
+        ((), {"user_id": 1, "options": [math.inf]}, r"argument 'options\[0\]' is inf, which JSON cannot represent"),
     ],
 )
 def test_bad_arguments_are_refused_naming_the_task_and_the_parameter(
