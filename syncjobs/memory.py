@@ -67,6 +67,9 @@ MAX_RECORDS = 100_000
 #: The most of a dead job's traceback a record keeps (characters; a database keeps more).
 TRACEBACK_KEPT = 2_000
 
+#: Seconds (store clock) between prunes of the kept records at most, while jobs finish.
+_PRUNE_EVERY = 1.0
+
 #: Waiting jobs cancelled before the timers are pruned of the parked ones (or half the timers, if more).
 _PRUNE_CANCELLED_AT = 1_000
 
@@ -378,8 +381,8 @@ class MemoryStore:
         if ids is None:
             ids = self._expiry.setdefault(keep, deque())
         ids.append(job_id)
-        # Unlocked: a prune racing this may write a later time over it, which delays a prune (to the next
-        # finish, at the latest): status() reads each record's expiry itself.
+        # Unlocked: a prune racing this may write a later time over it, no later than _PRUNE_EVERY from its
+        # own: the first finish from then on prunes (status() reads each record's expiry itself meanwhile).
         self._next_expiry = min(self._next_expiry, expires)
         if self._next_expiry <= now or len(self._records) > MAX_RECORDS:
             self._prune(now)
@@ -395,17 +398,28 @@ class MemoryStore:
                 if soonest is None or (expires > now and len(records) <= MAX_RECORDS):
                     break
                 records.pop(soonest.popleft(), None)
-            self._next_expiry = expires
+            self._next_expiry = min(expires, now + _PRUNE_EVERY)
         finally:
             self._pruning.release()
+
+    def _forget_expiry(self, job_id: str) -> None:
+        """Take ``job_id`` out of the expiry deques, where its record is gone and another may come; under _pruning.
+
+        Left there, a record written later under the id (a dead letter
+        retried, then dead again) would be met where the first was, and hold
+        up the prune of every record behind it until it expires.
+        """
+        for ids in list(self._expiry.values()):
+            try:
+                ids.remove(job_id)
+            except ValueError:
+                continue
+            return
 
     def _soonest_to_expire(self) -> tuple[deque[str] | None, float]:
         """The deque of ids whose first record expires soonest, and when; under ``_pruning``.
 
-        Ids whose record is gone (purged, retried) are dropped on the way. A
-        record written again later (a dead letter retried, then ended again)
-        is first met where it was first written: its deque waits for its new
-        expiry, which delays the prune of those behind it, never status().
+        Ids whose record is gone (purged, expired) are dropped on the way.
         """
         soonest: deque[str] | None = None
         expires = math.inf
@@ -470,6 +484,7 @@ class MemoryStore:
             # throughout, and the record its new run writes is never the one removed here.
             self._unfinished[job_id] = envelope
             self._records.pop(job_id, None)
+            self._forget_expiry(job_id)
             self._ready.put(envelope)
         return True
 

@@ -395,6 +395,34 @@ def test_memory_prunes_the_records_of_each_keep_as_theirs_expire() -> None:
         assert queue.kept_records() == 2  # SumJob([2]) (600 s from 11 s) and the last brief one
 
 
+def test_a_dead_letter_retried_and_dead_again_holds_up_no_prune(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(syncjobs.memory, "MAX_RECORDS", 4)
+    clock = FakeClock()
+    queue = syncjobs.InMemoryJobQueue(workers=1, keep_result=600, clock=clock)
+    queue.register(SumJob)
+    with queue:
+        dead = queue.dispatch(SumJob([-1]))
+        assert queue.join(WAIT)
+        done = [queue.dispatch(SumJob([n])) for n in range(3)]
+        assert queue.join(WAIT)
+        clock.advance(500)
+        assert queue.retry_dead(dead)
+        assert queue.join(WAIT)
+        status = dead.status()
+        assert status is not None
+        assert status.state == "dead"  # again, kept until 1100
+        clock.advance(200)  # the three done records expired at 600
+        assert queue.dispatch(SumJob([9])).result(WAIT) == {"sum": 9}
+        assert queue.kept_records() == 2
+        assert [handle.status() for handle in done] == [None, None, None]
+        # Four more: beyond MAX_RECORDS the soonest to expire go first, the dead letter (1100) before the rest.
+        later = [queue.dispatch(SumJob([n])) for n in range(4)]
+        assert queue.join(WAIT)
+        assert queue.kept_records() == 4
+        assert dead.status() is None
+        assert all(handle.status() is not None for handle in later)
+
+
 def test_result_waits_for_a_job_whose_dispatch_is_not_committed_yet(make_queue: QueueFactory) -> None:
     queue = queue_with(make_queue)
     prepared = queue.prepare(SumJob([8, 9]))
