@@ -548,32 +548,46 @@ def test_a_deadlock_is_tried_again_on_the_same_connection_and_not_taken_for_an_o
     other = Connector(server_url).connect()
     connections = Connections(Connector(server_url))
     backends: list[int] = []
-    executor = concurrent.futures.ThreadPoolExecutor(1)
+    holding_row_1 = threading.Event()
+    other_is_waiting = threading.Event()
+    executor = concurrent.futures.ThreadPoolExecutor(2)
 
     def operation(cursor: Any) -> int:
         cursor.execute("SELECT pg_backend_pid()")
         backends.append(int(cursor.fetchone()[0]))
-        cursor.execute(f"UPDATE {table} SET n = n + 1 WHERE id = 2")
         cursor.execute(f"UPDATE {table} SET n = n + 1 WHERE id = 1")
+        holding_row_1.set()
+        assert other_is_waiting.wait(WAIT)
+        # This closes the cycle: the other transaction already waits, and for
+        # longer than its own deadlock_timeout, so only this wait's check can
+        # find the cycle and this transaction is the one rolled back.
+        cursor.execute(f"UPDATE {table} SET n = n + 1 WHERE id = 2")
         return len(backends)
 
-    def waiting_for_a_lock() -> bool:
-        if not backends:
-            return False
-        found = query(server_url, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (backends[0],))
+    def other_waiting_for_a_lock() -> bool:
+        found = query(server_url, "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (other_pid,))
         return bool(found) and found[0][0] == "Lock"
 
     try:
+        if query(server_url, "SELECT current_setting('is_superuser')") != [("on",)]:
+            pytest.skip("setting deadlock_timeout, which decides which side is rolled back, takes a superuser")
         query(server_url, f"INSERT INTO {table} VALUES (1, 0), (2, 0)")
         cursor = other.cursor()
+        cursor.execute("SELECT pg_backend_pid()")
+        other_pid = int(cursor.fetchone()[0])
         cursor.execute("BEGIN")
-        cursor.execute(f"UPDATE {table} SET n = n + 10 WHERE id = 1")
+        # A deadlock check runs once per wait, deadlock_timeout after it begins:
+        # the other side's check is put beyond the test, so the outcome does not
+        # depend on how fast this machine runs the steps between the two waits.
+        cursor.execute("SET LOCAL deadlock_timeout = '1h'")
+        cursor.execute(f"UPDATE {table} SET n = n + 10 WHERE id = 2")
         with caplog.at_level(logging.DEBUG, logger="syncjobs"):
             future = executor.submit(connections.transaction, operation, timeout=30)
-            wait_until(waiting_for_a_lock, what="the operation waiting for the other transaction's row")
-            # This closes the cycle. The operation began waiting first, so its
-            # deadlock check (after deadlock_timeout) fires first: it is the one rolled back.
-            cursor.execute(f"UPDATE {table} SET n = n + 10 WHERE id = 2")
+            assert holding_row_1.wait(WAIT)
+            waiting = executor.submit(cursor.execute, f"UPDATE {table} SET n = n + 10 WHERE id = 1")
+            wait_until(other_waiting_for_a_lock, what="the other transaction waiting for the operation's row")
+            other_is_waiting.set()
+            waiting.result(WAIT)  # the operation rolled back, which released row 1
             cursor.execute("COMMIT")
             result = future.result(WAIT)
         assert result == 2
@@ -585,6 +599,7 @@ def test_a_deadlock_is_tried_again_on_the_same_connection_and_not_taken_for_an_o
         assert complaints == []
         assert any("was busy" in r.getMessage() for r in caplog.records)
     finally:
+        other_is_waiting.set()
         other.close()
         executor.shutdown()
         connections.close()
