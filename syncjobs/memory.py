@@ -7,7 +7,6 @@ that moves them to the ready queue when due.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import math
 import threading
@@ -16,9 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final, NamedTuple
 
-from .envelope import Envelope, PrioritizedEnvelope
+from .envelope import Envelope, make_envelope
 from .ids import created_at
-from .job import DEFAULT_PRIORITY
 from .limits import LimitKey, LimitRow
 from .memory_limits import MemoryLimits
 from .queue import DEFAULT_SHUTDOWN_GRACE, StoreQueue
@@ -43,7 +41,7 @@ class _Record(NamedTuple):
     finished: float
     expires: float
     progress: str | None
-    payload: str
+    payload: str | bytes
     priority: int
     traceback: str | None
 
@@ -51,7 +49,9 @@ class _Record(NamedTuple):
 # A record as kept: a plain tuple of the fields above, read through _Record. The garbage collector stops
 # tracking a plain tuple that holds only strings and numbers once it has seen it; it tracks a NamedTuple for
 # ever, and each collection of the oldest generation walked every kept record: some 3 µs a job in memory.
-_Row = tuple[State, str, int, int, str | None, str | None, float | None, float, float, str | None, str, int, str | None]
+_Row = tuple[
+    State, str, int, int, str | None, str | None, float | None, float, float, str | None, str | bytes, int, str | None
+]
 # Positions in a row of the fields read without a _Record; literals, which mypy types the fields by.
 _STATE: Final = 0
 _FINISHED: Final = 7
@@ -60,7 +60,7 @@ _EXPIRES: Final = 8
 
 #: The most finished jobs' records an in-memory queue keeps: beyond it, those
 #: soonest to expire go first. About 280 bytes each, plus the result and the
-#: payload (the envelope's string, kept): some 30 MB for small ones, whatever
+#: payload (the envelope's, kept as it is): some 30 MB for small ones, whatever
 #: the rate of jobs and their keep_result.
 MAX_RECORDS = 100_000
 
@@ -137,6 +137,10 @@ class MemoryStore:
         self._limit_of = limit_of
 
     def put(self, envelope: Envelope, delay: float, unique: UniqueKey | None = None) -> str | None:
+        payload = envelope.payload
+        if type(payload) is str and payload.isascii():
+            # Held as bytes while it waits: a bytes object's header is smaller than a str's.
+            envelope.payload = payload.encode()
         if unique is not None:
             return self._put_unique(envelope, delay, unique)
         self._unfinished[envelope.id] = envelope
@@ -474,12 +478,7 @@ class MemoryStore:
                 # Its worker has written the record and not yet let the job go (dead() does both,
                 # in that order): the job is not a dead letter until then.
                 return False
-            if record.priority == DEFAULT_PRIORITY:
-                envelope = Envelope(job_id, record.name, record.payload, record.max_attempts)
-            else:
-                envelope = PrioritizedEnvelope(
-                    job_id, record.name, record.payload, record.max_attempts, 0, contextvars.Context(), record.priority
-                )
+            envelope = make_envelope(job_id, record.name, record.payload, record.max_attempts, priority=record.priority)
             # Unfinished before its record goes, and ready only then: status() finds it in one of them
             # throughout, and the record its new run writes is never the one removed here.
             self._unfinished[job_id] = envelope

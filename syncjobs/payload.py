@@ -145,11 +145,13 @@ def encode_result(value: Any) -> str:
     return text  # ASCII (ensure_ascii): even a lone surrogate is stored as its escape
 
 
-def decode(text: str) -> dict[str, Any]:
-    """The payload dict back from its JSON text."""
+def decode(text: str | bytes) -> dict[str, Any]:
+    """The payload dict back from its JSON text (or that text's UTF-8 bytes)."""
+    if isinstance(text, bytes):
+        text = text.decode()
     try:
         data, end = _scan_once(text, 0)
-    except (StopIteration, TypeError):  # not JSON where it starts (leading whitespace, say), or bytes
+    except StopIteration:  # not JSON where it starts (leading whitespace, say)
         end = -1
     if end != len(text):
         data = _decode(text)
@@ -158,7 +160,7 @@ def decode(text: str) -> dict[str, Any]:
     return data
 
 
-def dead_letter_from_text(job_id: str, name: str, payload: str, attempts: int, error: str) -> DeadLetter:
+def dead_letter_from_text(job_id: str, name: str, payload: str | bytes, attempts: int, error: str) -> DeadLetter:
     """The DeadLetter of a job whose payload is JSON text.
 
     A payload that is not a JSON object (the reason it died, maybe) shows as

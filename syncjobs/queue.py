@@ -17,7 +17,7 @@ from typing_extensions import Self, Unpack
 
 from .context import carried_context
 from .dead_letters import DeadLetterHandlers
-from .envelope import Envelope, PrioritizedEnvelope
+from .envelope import Envelope, PrioritizedEnvelope, envelope_kind
 from .errors import QueueError
 from .exit_hooks import exit_watch
 from .function_tasks import FunctionJob, TaskDecorator
@@ -614,9 +614,9 @@ def new_envelope(registry: Registry, job: Job, priority: int | None = None) -> E
         except TypeError as exc:
             raise QueueError(f"job {job_cls.NAME!r}: {exc}") from None
     if priority == DEFAULT_PRIORITY:
-        return Envelope(new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context())
+        return envelope_kind(job_cls.NAME, job_cls.MAX_ATTEMPTS)(new_job_id(), encode(job), 0, carried_context())
     return PrioritizedEnvelope(
-        new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, 0, carried_context(), priority
+        new_job_id(), job_cls.NAME, encode(job), job_cls.MAX_ATTEMPTS, context=carried_context(), priority=priority
     )
 
 

@@ -132,7 +132,7 @@ def utc(epoch: float | None) -> datetime.datetime | None:
     return datetime.datetime.fromtimestamp(float(epoch), datetime.timezone.utc)
 
 
-def decode_result(text: str | None) -> Any:
+def decode_result(text: str | bytes | None) -> Any:
     return None if text is None else json.loads(text)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 import syncjobs
 from syncjobs.database.schema import SCHEMA_VERSION
-from syncjobs.envelope import Envelope, PrioritizedEnvelope
+from syncjobs.envelope import Envelope, make_envelope
 from syncjobs.ready import ReadyQueue
 from tests.conftest import TEST_TABLE, Backend, QueueFactory
 from tests.helpers import WAIT, wait_until
@@ -251,9 +251,7 @@ def _fresh_task_runs() -> None:
 
 
 def _envelope(label: str, priority: int = 0) -> Envelope:
-    if priority == 0:
-        return Envelope(label, "tests.e", "{}", 1)
-    return PrioritizedEnvelope(label, "tests.e", "{}", 1, priority=priority)
+    return make_envelope(label, "tests.e", "{}", 1, priority=priority)
 
 
 def test_jobs_of_the_default_priority_keep_no_priority_of_their_own() -> None:

@@ -103,8 +103,8 @@ def decode_row(row: Sequence[Any], token: str | None, carry: dict[str, contextva
         name,
         payload,
         _count(max_attempts, "max_attempts"),
-        _count(attempt, "attempt"),
-        _context(context, carry),
+        attempt=_count(attempt, "attempt"),
+        context=_context(context, carry),
         lease=token,
         priority=row_priority(row[7]) if len(row) > 7 else DEFAULT_PRIORITY,
     )
@@ -193,8 +193,8 @@ def salvage(row: Sequence[Any], token: str | None) -> ClaimedEnvelope:
         text(name),
         text(payload),
         count(max_attempts, 1),
-        count(attempt, 0),
-        contextvars.Context(),
+        attempt=count(attempt, 0),
+        context=contextvars.Context(),
         lease=token,
     )
 
