@@ -422,22 +422,37 @@ def test_sqlite_dispatch_takes_the_write_lock_within_milliseconds_of_its_release
         finished_at.append(time.monotonic())
         done.set()
 
+    # How late a thread of this process wakes for the release on this machine, as busy as it is then:
+    # a loaded machine delays the dispatcher's wake-up as much, and that is not the lock's doing.
+    released_event = threading.Event()
+    witnessed_at: list[float] = []
+
+    def witness() -> None:
+        released_event.wait(WAIT)
+        witnessed_at.append(time.monotonic())
+
     try:
         other.execute("BEGIN IMMEDIATE")  # another process's writer, holding the write lock
         dispatcher = threading.Thread(target=dispatch)
+        witnessing = threading.Thread(target=witness)
+        witnessing.start()
         began = time.monotonic()
         dispatcher.start()
         # The writer's transaction lasts 0.45 s: the fault, not a synchronisation.
         assert not done.wait(0.45), "the dispatch went in under a held write lock"
         other.execute("ROLLBACK")
         released = time.monotonic()
+        released_event.set()
         dispatcher.join(WAIT)
+        witnessing.join(WAIT)
     finally:
+        released_event.set()
         other.close()
     assert finished_at, "the dispatch never went in"
-    assert finished_at[0] - released < 0.04, (
+    late = witnessed_at[0] - released
+    assert finished_at[0] - released < 0.04 + late, (
         f"the dispatch went in {1000 * (finished_at[0] - released):.0f} ms after the lock was released "
-        f"({1000 * (released - began):.0f} ms after it began)"
+        f"({1000 * (released - began):.0f} ms after it began; a thread woke {1000 * late:.0f} ms after it)"
     )
     assert queue.pending_count() == 1
 
