@@ -9,7 +9,12 @@ baseline does only the bare minimum of any such queue per job: a
 submitter's ``copy_context()`` in a worker thread.
 
 - (a) ``ThreadPoolExecutor(4).submit``;
-- (b) 4 plain threads looping on one ``queue.Queue``: the floor of the design.
+- (b) 4 plain threads looping on one ``queue.Queue``: the floor of the design;
+- (c) the same on a ``queue.SimpleQueue`` (the C queue syncjobs' workers wait
+  on): shown beside (b) because (b) scatters and (c) does not. ``queue.Queue``
+  is Python code around a lock: a thread the 5 ms switch interval preempts
+  while it holds that lock stalls every other thread that reaches for it,
+  and how often that happens decides (b)'s rate from run to run.
 
 The same no-op runs as a job class and as a function task (``@queue.task``),
 and as a job class with Prometheus metrics (the prometheus extra).
@@ -33,6 +38,8 @@ from collections.abc import Callable
 import syncjobs
 
 WORKERS = 4
+#: What (b) and (c) loop on: a job's carried context and its JSON, or None to stop.
+Work = queue.Queue[tuple[contextvars.Context, str] | None] | queue.SimpleQueue[tuple[contextvars.Context, str] | None]
 PAYLOAD = {"user_id": 12345, "template": "welcome", "locale": "en"}
 
 
@@ -119,9 +126,9 @@ def run_executor(jobs: int) -> float:
     return jobs / took
 
 
-def run_plain_threads(jobs: int) -> float:
+def run_plain_threads(jobs: int, make_queue: Callable[[], Work] = queue.Queue) -> float:
     countdown = Countdown(jobs)
-    work: queue.Queue[tuple[contextvars.Context, str] | None] = queue.Queue()
+    work = make_queue()
 
     def loop() -> None:
         while (item := work.get()) is not None:
@@ -140,6 +147,11 @@ def run_plain_threads(jobs: int) -> float:
     for thread in threads:
         thread.join()
     return jobs / took
+
+
+def run_simple_queue_threads(jobs: int) -> float:
+    """(b) on a ``queue.SimpleQueue``."""
+    return run_plain_threads(jobs, queue.SimpleQueue)
 
 
 def dispatch_cost_us(calls: int) -> float:
@@ -238,13 +250,13 @@ def metrics_cost(jobs: int, pairs: int) -> tuple[float, float]:
     return statistics.median(rates), statistics.median(ratios)
 
 
-def median_rates(runs: list[Callable[[int], float]], jobs: int, repeat: int) -> list[float]:
-    """Each run's median rate; the runs take turns, so a slow spell of the machine hits all of them."""
+def all_rates(runs: list[Callable[[int], float]], jobs: int, repeat: int) -> list[list[float]]:
+    """Each run's rates; the runs take turns, so a slow spell of the machine hits all of them."""
     rates: list[list[float]] = [[] for _ in runs]
     for _ in range(repeat):
         for index, run in enumerate(runs):
             rates[index].append(run(jobs))
-    return [statistics.median(r) for r in rates]
+    return rates
 
 
 def main() -> None:
@@ -253,9 +265,12 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
 
-    ours, tasks, executor, plain = median_rates(
-        [run_syncjobs, run_syncjobs_task, run_executor, run_plain_threads], args.jobs, args.repeat
+    rates = all_rates(
+        [run_syncjobs, run_syncjobs_task, run_executor, run_plain_threads, run_simple_queue_threads],
+        args.jobs,
+        args.repeat,
     )
+    ours, tasks, executor, plain, simple = (statistics.median(r) for r in rates)
     # Five times the jobs per run: a cost of a few percent is smaller than the scatter of short runs.
     measured, cost = metrics_cost(5 * args.jobs, 4 * args.repeat - 1)
     dispatch = dispatch_cost_us(args.jobs)
@@ -268,6 +283,11 @@ def main() -> None:
         f"  (a) ThreadPoolExecutor.submit  {executor:>9,.0f} jobs/s   syncjobs is {ours / executor:.2f}x (goal >= 1.0x)"
     )
     print(f"  (b) 4 threads on a queue.Queue {plain:>9,.0f} jobs/s   syncjobs is {ours / plain:.2f}x (goal >= 0.6x)")
+    print(
+        f"      its runs from {min(rates[3]):,.0f} to {max(rates[3]):,.0f}; syncjobs' from "
+        f"{min(rates[0]):,.0f} to {max(rates[0]):,.0f}"
+    )
+    print(f"  (c) the same on a SimpleQueue   {simple:>9,.0f} jobs/s   syncjobs is {ours / simple:.2f}x (no goal)")
     print(f"  the same as a function task    {tasks:>9,.0f} jobs/s   {tasks / plain:.2f}x (b) (goal >= 0.6x)")
     print(f"  with Prometheus metrics        {measured:>9,.0f} jobs/s   {cost:.2f}x without (goal >= 0.9x)")
     print(f"  dispatch() median              {dispatch:>9.2f} us       (goal < 10 us)")
