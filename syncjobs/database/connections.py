@@ -53,10 +53,11 @@ DEFAULT_POOL_SIZE = 4
 #: the server's own statement timeout, so that the server's error comes first
 #: when the network is fine.
 ATTEMPT_TIMEOUT = STATEMENT_TIMEOUT + 5.0
-#: The first and the longest wait between tries of an operation that met a
-#: lock, where connections do not wait for locks themselves (SQLite): a
-#: dispatch takes about 0.1 ms, and a worker holds the write lock for a few
-#: tenths; a lock held far longer is tried about 200 times a second.
+#: The first and the longest wait between tries of an operation that met
+#: contention: a lock, where connections do not wait for locks themselves
+#: (SQLite: a dispatch takes about 0.1 ms, and a worker holds the write lock
+#: for a few tenths; a lock held far longer is tried about 200 times a
+#: second), or a deadlock or serialization failure on a server.
 LOCK_STEPS = (0.00002, 0.01)
 #: How often the watchdog looks while operations come and go; after this
 #: many looks with none in flight it waits to be notified.
@@ -410,9 +411,13 @@ class Connections:
         return state
 
     def _attempt_past_locks(self, operation: Callable[[Any], T], endtime: float | None) -> T:
-        """One attempt; where connections do not wait for locks, tried again in short steps until its end."""
-        if self.dialect.no_lock_wait is None:
-            return self._attempt(operation, endtime)
+        """One attempt, tried again in short steps until its end while it meets contention.
+
+        Short steps, not the backoff an outage gets: SQLite's connections do
+        not wait for locks, and on a server the victim of a deadlock (a
+        dispatch's INSERT against a claim, say) can go again at once, as the
+        other transaction has its locks.
+        """
         try:
             return self._attempt(operation, endtime)
         except Exception as exc:
