@@ -29,7 +29,6 @@ from typing import Any
 import pytest
 
 import syncjobs
-from syncjobs.database import queries
 from syncjobs.database.connections import DEFAULT_POOL_SIZE, Connections, _Connection, _Watchdog
 from syncjobs.database.dialects import MYSQL, POSTGRES, Connector
 from syncjobs.database.schema import COMPANIONS
@@ -622,77 +621,6 @@ def test_a_deadlock_is_tried_again_on_the_same_connection_and_not_taken_for_an_o
         executor.shutdown()
         connections.close()
         query(server_url, f"DROP TABLE IF EXISTS {table}")
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("server_url", ["mysql"], indirect=True)
-def test_a_dispatch_on_mysql_does_not_wait_for_a_claim_in_progress(
-    server_url: str, queues: list[syncjobs.DatabaseJobQueue]
-) -> None:
-    """Under REPEATABLE READ a claim's locking read also locks the gap where new jobs go: the loops read committed."""
-    queue = make(server_url, queues, dispatch_timeout=WAIT)
-    queue.dispatch(ProbeJob(Probe().id))  # a ready row for the claim to lock
-    connector = Connector(server_url)
-    dialect = connector.dialect
-    claim = dialect.sql(queries.SELECT_READY, TEST_TABLE)
-    insert = dialect.sql(
-        f"INSERT INTO {TEST_TABLE} (id, queue, name, payload, context, state, attempt, max_attempts, run_at, "
-        "created_at) VALUES (?, ?, ?, '{}', NULL, 'queued', 0, 3, {now}, {now})",
-        TEST_TABLE,
-    )
-
-    def insert_beside_a_claim(*, relaxed: bool, then: Callable[[], object]) -> object:
-        """``then()`` while a claim, on a loop's connection if ``relaxed``, holds its locks; what it returned."""
-        connections = Connections(connector)
-        claimed, release = threading.Event(), threading.Event()
-
-        def claiming(cursor: Any) -> int:
-            cursor.execute(claim, (queue.queue_name, 10))
-            rows = len(cursor.fetchall())
-            claimed.set()
-            assert release.wait(WAIT)
-            return rows
-
-        def loop() -> int:
-            if relaxed:
-                connections.relax_this_thread()
-            return connections.transaction(claiming, timeout=WAIT)
-
-        executor = concurrent.futures.ThreadPoolExecutor(1)
-        try:
-            held = executor.submit(loop)
-            assert claimed.wait(WAIT)
-            try:
-                return then()
-            finally:
-                release.set()
-                assert held.result(WAIT) >= 1  # the claim read ready rows, and locked them
-        finally:
-            executor.shutdown()
-            connections.close()
-
-    def raw_insert() -> object:
-        conn = connector.connect()
-        try:
-            cursor = conn.cursor()
-            cursor.execute("SET innodb_lock_wait_timeout = 1")
-            try:
-                cursor.execute(insert, (str(uuid.uuid4()), queue.queue_name, ProbeJob.NAME))
-            except Exception as exc:  # noqa: BLE001 - the outcome under test
-                return exc
-            return "inserted"
-        finally:
-            conn.close()
-
-    # What the loops avoid: a claim under REPEATABLE READ makes an INSERT wait for it (here, past its 1 s).
-    blocked = insert_beside_a_claim(relaxed=False, then=raw_insert)
-    assert connector.is_contention(blocked), blocked  # type: ignore[arg-type]
-    # A loop's claim reads committed: the same INSERT, and a dispatch, go in while it is open.
-    assert insert_beside_a_claim(relaxed=True, then=raw_insert) == "inserted"
-    handle = insert_beside_a_claim(relaxed=True, then=lambda: queue.dispatch(ProbeJob(Probe().id)))
-    status = queue.status(handle)  # type: ignore[arg-type]
-    assert status is not None
-    assert status.state == "queued"
 
 
 # -- item 14: PostgreSQL's identifier limit and the NOTIFY channel ---------------------------

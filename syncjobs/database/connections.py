@@ -423,6 +423,7 @@ class Connections:
         except Exception as exc:
             if not self.connector.is_contention(exc):
                 raise
+            logger.debug("the %s database met contention (%s); trying again at once", self.dialect.name, exc)
         give_up = _attempt_end(endtime)
         for attempt in tenacity.Retrying(
             retry=tenacity.retry_if_exception(self.connector.is_contention),

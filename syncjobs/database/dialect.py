@@ -117,8 +117,7 @@ class Dialect:
     #: UPDATE … RETURNING: a claim in one statement.
     returning: bool = False
     #: Run on the connections of the store's own loops (claims, completions,
-    #: renewals), whose statements each name their rows: commits that need not
-    #: wait for the server's disk, or locks on those rows only.
+    #: renewals): commits that need not wait for the server's disk.
     relaxed_session: str | None = None
     #: Run on each connection the store opens where the driver's own wait for
     #: a lock sleeps too long (SQLite's busy handler sleeps 1 ms, then 2, then

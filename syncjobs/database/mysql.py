@@ -86,12 +86,5 @@ MYSQL = Dialect(
     is_contention=_is_contention,
     is_connection_error=_is_connection_error,
     abort_handles=_abort_handles,
-    # Under REPEATABLE READ a claim's locking read also locks the gap after the
-    # last row it reads, where every new job goes: a dispatch then waited for
-    # the claim's commit, or was the victim of a deadlock with it (4% of the
-    # dispatches beside 2 busy worker processes). The loops lock the rows they
-    # name; a dispatch keeps REPEATABLE READ (a dispatch tried again after an
-    # ambiguous failure relies on its gap locks).
-    relaxed_session="SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
     drivers=("pymysql", "MySQLdb", "mysql", "mariadb"),
 )
