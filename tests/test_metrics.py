@@ -254,9 +254,18 @@ def test_two_worker_processes_each_serve_their_metrics_over_http(db_url: str, tm
         # The table's figures, the same from each process, once its reading is renewed (every DEPTH_EVERY s).
         dead_rows = ("syncjobs_jobs", (("queue", "default"), ("state", "dead")))
         queued_rows = ("syncjobs_jobs", (("queue", "default"), ("state", "queued")))
+
+        def table_figures(port: int) -> tuple[float | None, float | None]:
+            # From one reading: a reading taken after the dead letter died, and before the last jobs ran, has both.
+            samples = scrape(port)
+            return samples.get(dead_rows), samples.get(queued_rows)
+
         for port in ports:
-            wait_until(lambda: scrape(port).get(dead_rows) == 1, timeout=3 * WAIT)  # noqa: B023 - called at once
-            assert scrape(port)[queued_rows] == 0
+            wait_until(
+                lambda: table_figures(port) == (1, 0),  # noqa: B023 - called at once
+                timeout=3 * WAIT,
+                what=f"one dead and none queued, from the process on port {port}",
+            )
     finally:
         for worker in workers:
             worker.kill()
