@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -66,6 +67,16 @@ class _Queue:
             (job_id,),
         )
 
+    def insert_many(self, job_ids: list[str]) -> None:
+        """In one statement: the rows of a fast stream."""
+        marks = ", ".join("(?, 'default', 'tests.probe', '{}', 'queued', 0, 3, 1.0, 1.0)" for _ in job_ids)
+        execute(
+            self.url,
+            f"INSERT INTO {self.table} (id, queue, name, payload, state, attempt, max_attempts, run_at, created_at) "
+            f"VALUES {marks}",
+            tuple(job_ids),
+        )
+
     def state(self, job_id: str) -> str:
         return str(execute(self.url, f"SELECT state FROM {self.table} WHERE id = ?", (job_id,))[0][0])
 
@@ -114,3 +125,47 @@ def test_a_run_taken_while_the_fetcher_rests_is_marked_running_in_time(tmp_path:
         wait_until(lambda: queue.state("job-slow") == "claimed", what="the claim, ahead of any worker")
         assert queue.fetcher.take() is not None  # its run goes on: no outcome is written
         wait_until(lambda: queue.state("job-slow") == "running", timeout=5.0, what="the mark of the run")
+
+
+def _take_ids(queue: _Queue, count: int) -> list[str]:
+    taken = [queue.fetcher.take() for _ in range(count)]
+    return sorted(envelope.id for envelope in taken if envelope is not None)
+
+
+def _claims_found(records: list[logging.LogRecord]) -> list[int]:
+    """The rows each claim that came back short found, from the fetcher's DEBUG records."""
+    return [int(record.args[0]) for record in records if record.msg.startswith("%d job(s) ready")]  # type: ignore[index]
+
+
+@pytest.mark.timeout(60)
+def test_while_jobs_stream_in_fast_a_wake_up_waits_the_stream_window(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level(logging.DEBUG, "syncjobs.database"),
+        fetching(tmp_path, prefetch=200, coalesce=0.0, stream_coalesce=0.5) as queue,
+    ):
+        queue.fetcher.mark_after = 600.0  # the taken runs never end: their marks would be claims of their own
+        for batch in ("a", "b"):  # the second 50 rows some milliseconds after the first: thousands a second
+            ids = [f"job-{batch}-{i}" for i in range(50)]
+            queue.insert_many(ids)
+            queue.fetcher.kick()
+            assert _take_ids(queue, 50) == sorted(ids)
+        caplog.clear()
+        for i in range(5):  # all within the stream window of 0.5 s after the last claim
+            queue.insert(f"job-c-{i}")
+            queue.fetcher.kick()
+        assert _take_ids(queue, 5) == sorted(f"job-c-{i}" for i in range(5))
+        found = _claims_found(caplog.records)  # may also hold the second batch's 50, and empty claims after
+        assert 5 in found, found
+        assert not [count for count in found if 0 < count < 5], found
+
+
+@pytest.mark.timeout(60)
+def test_a_job_after_a_lone_one_does_not_wait_the_stream_window(tmp_path: Any) -> None:
+    # A stream window longer than the test: a job that waited it would time the test out.
+    with fetching(tmp_path, prefetch=20, coalesce=0.0, stream_coalesce=600.0) as queue:
+        for job_id in ("job-first", "job-second"):
+            queue.insert(job_id)
+            queue.fetcher.kick()
+            assert _take_ids(queue, 1) == [job_id]

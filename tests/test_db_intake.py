@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -403,6 +404,37 @@ def test_a_dispatch_refused_by_a_lock_tries_its_plain_insert_again(tmp_path: Any
     assert statements[0].startswith(f"INSERT INTO {TEST_TABLE} ("), statements
     assert "CONFLICT" not in statements[0], statements
     assert execute(url, f"SELECT id FROM {TEST_TABLE}") == [(job.id,)]
+
+
+@pytest.mark.timeout(60)
+def test_sqlite_dispatches_leave_the_wal_checkpoint_to_the_workers(tmp_path: Any) -> None:
+    """Past SQLite's 1,000 WAL pages a dispatch does not copy them into the database: a worker's commit does."""
+    path = tmp_path / "jobs.db"
+    url = f"sqlite:///{path}"
+    dispatcher = syncjobs.DatabaseJobQueue(url, table=TEST_TABLE, workers=0)
+    dispatcher.register(ProbeJob)
+    dispatcher.install_schema()
+    probe = Probe()
+    try:
+        for label in range(400):  # some 5 WAL pages each
+            dispatcher.dispatch(ProbeJob(probe.id, label))
+        wal = Path(f"{path}-wal")
+        page = 4096
+        # Checkpointed at 1,000 pages, the WAL would start over from its beginning, and stay at that size.
+        assert wal.stat().st_size > 1_500 * page, wal.stat().st_size
+        unchecked = path.stat().st_size
+        assert unchecked < 100 * page  # the rows are in the WAL only
+        worker = syncjobs.DatabaseJobQueue(url, table=TEST_TABLE, workers=1)
+        worker.register(ProbeJob)
+        worker.start()
+        try:
+            probe.wait_finished(400)
+            wait_until(lambda: path.stat().st_size > unchecked, what="a worker's commit checkpointing the WAL")
+        finally:
+            worker.shutdown()
+    finally:
+        dispatcher.shutdown()
+        drop_tables(url, TEST_TABLE)
 
 
 def _registry_of(job_cls: type[syncjobs.Job]) -> Registry:

@@ -285,14 +285,7 @@ def wake_dir(tmp_path: Path) -> Iterator[Path]:
 def test_a_dispatch_lists_the_wake_directory_again_only_when_a_worker_came_or_went(
     wake_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    listings: list[str] = []
-    scandir = os.scandir
-
-    def counted(path: Any) -> Any:
-        listings.append(str(path))
-        return scandir(path)
-
-    monkeypatch.setattr(wakeup.os, "scandir", counted)
+    listings = _count_listings(monkeypatch)
     first = _bound_socket(wake_dir, "first")
     os.utime(wake_dir, ns=(0, 1_000_000_000))  # its last change long past: the listing can be kept
     waker = wakeup.Waker(wake_dir)
@@ -326,6 +319,44 @@ def test_a_worker_that_binds_within_the_mtime_tick_of_the_listing_is_woken(
             os.utime(wake_dir, ns=(stamp, stamp))
             waker.wake()
             assert second.recv(16) == b""
+
+
+def _count_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    listings: list[str] = []
+    scandir = os.scandir
+
+    def counted(path: Any) -> Any:
+        listings.append(str(path))
+        return scandir(path)
+
+    monkeypatch.setattr(wakeup.os, "scandir", counted)
+    return listings
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("stamp", "since", "listings_for_5"),
+    [
+        # Stamps with digits below the millisecond: the step is a jiffy, the listing kept after 50 ms.
+        (1_700_000_000_123_456_789, 50_000_000, 1),
+        # Whole seconds (HFS+, ext4 with small inodes, FAT): 50 ms is within the step, listed each time.
+        (1_700_000_000_000_000_000, 50_000_000, 5),
+        (1_700_000_000_000_000_000, 2_100_000_000, 1),
+    ],
+)
+def test_a_listing_is_kept_once_the_file_systems_mtime_step_has_passed(
+    wake_dir: Path, monkeypatch: pytest.MonkeyPatch, stamp: int, since: int, listings_for_5: int
+) -> None:
+    listings = _count_listings(monkeypatch)
+    with _bound_socket(wake_dir, "first") as first:
+        os.utime(wake_dir, ns=(stamp, stamp))
+        monkeypatch.setattr(wakeup.time, "time_ns", lambda: stamp + since)
+        waker = wakeup.Waker(wake_dir)
+        with contextlib.closing(waker):
+            for _ in range(5):
+                waker.wake()
+            assert len(listings) == listings_for_5
+            assert _drain(first) == 5
 
 
 @pytest.mark.timeout(60)

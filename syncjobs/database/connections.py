@@ -541,8 +541,7 @@ class Connections:
         raw = self.connector.connect()
         try:
             session = [self.dialect.no_lock_wait]
-            if relaxed:
-                session.append(self.dialect.relaxed_session)
+            session.append(self.dialect.relaxed_session if relaxed else self.dialect.caller_session)
             cursor = raw.cursor()
             try:
                 for statement in session:

@@ -119,6 +119,8 @@ class Dialect:
     #: Run on the connections of the store's own loops (claims, completions,
     #: renewals): commits that need not wait for the server's disk.
     relaxed_session: str | None = None
+    #: Run on the other connections: those of the threads that call the queue (dispatch, status).
+    caller_session: str | None = None
     #: Run on each connection the store opens where the driver's own wait for
     #: a lock sleeps too long (SQLite's busy handler sleeps 1 ms, then 2, then
     #: 5, where a write lock is held for a tenth of that): a locked database

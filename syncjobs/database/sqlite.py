@@ -73,5 +73,6 @@ SQLITE = Dialect(
     abort_handles=_abort_handles,
     returning=True,
     no_lock_wait="PRAGMA busy_timeout = 0",
+    caller_session="PRAGMA wal_autocheckpoint = 10000",
     drivers=("sqlite3", "pysqlite2", "pysqlite3"),
 )

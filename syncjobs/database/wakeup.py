@@ -28,9 +28,12 @@ from pathlib import Path
 
 logger = logging.getLogger("syncjobs.database")
 
-#: At least the step in which a file system stamps mtimes: a jiffy on most
-#: Linux ones, a second on some (ext4 with small inodes, HFS+), two on FAT.
+#: At least the step in which a file system stamps mtimes: a second on some
+#: (ext4 with small inodes, HFS+), two on FAT.
 _MTIME_TICK_NS = 2_000_000_000
+#: The step where stamps carry digits below the millisecond (tmpfs, ext4,
+#: btrfs, APFS): the kernel's coarse clock, a jiffy (at most 10 ms on Linux).
+_FINE_MTIME_TICK_NS = 20_000_000
 
 
 def wake_directory(database: str, table: str, queue: str) -> Path | None:
@@ -109,7 +112,8 @@ class Waker:
         # A file system stamps mtimes in coarse steps: a socket bound within the
         # step of the last change leaves the mtime as listed. A listing is kept
         # only once that step has passed; until then it is made again each time.
-        if now - mtime > _MTIME_TICK_NS:
+        tick = _FINE_MTIME_TICK_NS if mtime % 1_000_000 else _MTIME_TICK_NS
+        if now - mtime > tick:
             self._listing = (mtime, paths)
         else:
             self._listing = None
