@@ -416,7 +416,7 @@ def test_sqlite_dispatches_leave_the_wal_checkpoint_to_the_workers(tmp_path: Any
     dispatcher.install_schema()
     probe = Probe()
     try:
-        for label in range(400):  # some 5 WAL pages each
+        for label in range(1000):  # some 5 WAL pages each here: 1,500 pages even at 1.5
             dispatcher.dispatch(ProbeJob(probe.id, label))
         wal = Path(f"{path}-wal")
         page = 4096
@@ -428,7 +428,7 @@ def test_sqlite_dispatches_leave_the_wal_checkpoint_to_the_workers(tmp_path: Any
         worker.register(ProbeJob)
         worker.start()
         try:
-            probe.wait_finished(400)
+            probe.wait_finished(1000)
             wait_until(lambda: path.stat().st_size > unchecked, what="a worker's commit checkpointing the WAL")
         finally:
             worker.shutdown()

@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,6 +275,13 @@ def _drain(sock: socket.socket) -> int:
         sock.settimeout(timeout)
 
 
+_FINE_STAMP = 1_700_000_000_123_456_789
+_WHOLE_SECOND = 1_700_000_000_000_000_000
+_linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="elsewhere fine stamps wait the 2 s step too"
+)
+
+
 @pytest.fixture
 def wake_dir(tmp_path: Path) -> Iterator[Path]:
     directory = tmp_path / "wake"
@@ -305,12 +313,13 @@ def test_a_dispatch_lists_the_wake_directory_again_only_when_a_worker_came_or_we
 def test_a_worker_that_binds_within_the_mtime_tick_of_the_listing_is_woken(
     wake_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A coarse file system clock: the second socket's bind leaves the
-    # directory's mtime as it was when the first listing was made, 1 ms
-    # after the change it stamped.
+    # A file system that stamps whole seconds: the second socket's bind
+    # leaves the directory's mtime as it was when the first listing was
+    # made, 1 ms after the change it stamped.
     first = _bound_socket(wake_dir, "first")
-    stamp = os.stat(wake_dir).st_mtime_ns
-    monkeypatch.setattr(wakeup.time, "time_ns", lambda: stamp + 1_000_000)
+    stamp = _WHOLE_SECOND
+    os.utime(wake_dir, ns=(stamp, stamp))
+    monkeypatch.setattr(wakeup, "stamp_clock_ns", lambda: stamp + 1_000_000)
     waker = wakeup.Waker(wake_dir)
     with first, contextlib.closing(waker):
         waker.wake()
@@ -337,11 +346,14 @@ def _count_listings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize(
     ("stamp", "since", "listings_for_5"),
     [
-        # Stamps with digits below the millisecond: the step is a jiffy, the listing kept after 50 ms.
-        (1_700_000_000_123_456_789, 50_000_000, 1),
+        # Stamps with digits below the millisecond, from the clock read before the stat (Linux):
+        # kept once that clock is past the stamp, by more than any finer step a file system has.
+        pytest.param(_FINE_STAMP, 50_000_000, 1, marks=_linux_only),
+        pytest.param(_FINE_STAMP, 2_000_000, 1, marks=_linux_only),
+        pytest.param(_FINE_STAMP, 500_000, 5, marks=_linux_only),
         # Whole seconds (HFS+, ext4 with small inodes, FAT): 50 ms is within the step, listed each time.
-        (1_700_000_000_000_000_000, 50_000_000, 5),
-        (1_700_000_000_000_000_000, 2_100_000_000, 1),
+        (_WHOLE_SECOND, 50_000_000, 5),
+        (_WHOLE_SECOND, 2_100_000_000, 1),
     ],
 )
 def test_a_listing_is_kept_once_the_file_systems_mtime_step_has_passed(
@@ -350,7 +362,7 @@ def test_a_listing_is_kept_once_the_file_systems_mtime_step_has_passed(
     listings = _count_listings(monkeypatch)
     with _bound_socket(wake_dir, "first") as first:
         os.utime(wake_dir, ns=(stamp, stamp))
-        monkeypatch.setattr(wakeup.time, "time_ns", lambda: stamp + since)
+        monkeypatch.setattr(wakeup, "stamp_clock_ns", lambda: stamp + since)
         waker = wakeup.Waker(wake_dir)
         with contextlib.closing(waker):
             for _ in range(5):

@@ -22,6 +22,7 @@ never stops the queue.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import functools
 import json
@@ -60,14 +61,17 @@ SOON_FIRST = 0.01
 #: and slow the dispatching processes beside them. A lone job is not delayed.
 CLAIM_COALESCE = 0.005
 
-#: While jobs come faster than ``STREAM_RATE`` a second (the rows of the last
-#: claim over the time since the claim before it), a wake-up waits this long
-#: after the last claim instead: each claim then carries dozens of jobs,
-#: which on a server halves the workers' and the server's work per job and
-#: leaves it to the processes that dispatch. Slower jobs still wait at most
-#: ``CLAIM_COALESCE``.
+#: While this process claimed over ``STREAM_RATE`` jobs a second in the last
+#: ``STREAM_SPAN`` seconds, a wake-up waits this long after the last claim
+#: instead: each claim then carries dozens of jobs, which on a server halves
+#: the workers' and the server's work per job and leaves it to the processes
+#: that dispatch. Slower jobs still wait at most ``CLAIM_COALESCE``. The span
+#: is long enough that two jobs close together make no stream (a rate from
+#: one claim did: at 100 random arrivals a second, half the jobs waited the
+#: long window).
 CLAIM_COALESCE_STREAM = 0.03
 STREAM_RATE = 150.0
+STREAM_SPAN = 0.25
 
 #: The first rest after a claim that came back short while rows were due (locked by another
 #: transaction); each next one twice as long, up to ``poll_interval``.
@@ -282,9 +286,9 @@ class Fetcher:
         self._last_claim = -math.inf
         self._coalesce = coalesce
         self._stream_coalesce = max(coalesce, stream_coalesce)
-        #: Rows a second at the last claim that found rows: its rows over the time since the one before it that did.
-        self._arrivals = 0.0
-        self._last_found = -math.inf
+        #: When each of the claims of the last STREAM_SPAN seconds began, and the rows it took.
+        self._recent_claims: collections.deque[tuple[float, int]] = collections.deque()
+        self._recent_rows = 0
         self._floor = floor or ClaimFloor()
 
     # -- the workers' side ---------------------------------------------------
@@ -405,9 +409,9 @@ class Fetcher:
                 self._claiming -= 1
                 self._buffered += len(claimed)
             if claimed:
-                # An empty claim (another process took the rows) leaves the estimate as it was.
-                self._arrivals = len(claimed) / max(self._last_claim - self._last_found, 1e-6)
-                self._last_found = self._last_claim
+                self._recent_claims.append((self._last_claim, len(claimed)))
+                self._recent_rows += len(claimed)
+                self._forget_claims_before(self._last_claim - STREAM_SPAN)
                 self._hold(claimed)
                 for envelope in claimed:
                     self._ready.put(envelope)
@@ -434,8 +438,18 @@ class Fetcher:
         logger.debug("%d job(s) ready on queue %r; looking again in %.3gs or when woken", found, self.queue, look)
         if self._kick.wait(look):
             self._kick.clear()
-            window = self._stream_coalesce if self._arrivals >= STREAM_RATE else self._coalesce
+            window = self._stream_coalesce if self._streaming() else self._coalesce
             stop.wait(self._last_claim + window - time.monotonic())
+
+    def _streaming(self) -> bool:
+        """Whether this process claimed over STREAM_RATE jobs a second in the last STREAM_SPAN seconds."""
+        self._forget_claims_before(time.monotonic() - STREAM_SPAN)
+        return self._recent_rows > STREAM_RATE * STREAM_SPAN
+
+    def _forget_claims_before(self, since: float) -> None:
+        recent = self._recent_claims
+        while recent and recent[0][0] < since:
+            self._recent_rows -= recent.popleft()[1]
 
     def _next_mark(self) -> float:
         """When the oldest unmarked run is due to be marked (``inf`` if none); under ``_want``."""

@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -31,9 +32,17 @@ logger = logging.getLogger("syncjobs.database")
 #: At least the step in which a file system stamps mtimes: a second on some
 #: (ext4 with small inodes, HFS+), two on FAT.
 _MTIME_TICK_NS = 2_000_000_000
-#: The step where stamps carry digits below the millisecond (tmpfs, ext4,
-#: btrfs, APFS): the kernel's coarse clock, a jiffy (at most 10 ms on Linux).
-_FINE_MTIME_TICK_NS = 20_000_000
+#: Linux stamps file times from its coarse real-time clock, which lags
+#: ``time.time_ns()`` by a tick or more (the time module does not name
+#: CLOCK_REALTIME_COARSE; it is 5 on Linux).
+_COARSE_REALTIME = 5 if sys.platform.startswith("linux") else None
+
+
+def stamp_clock_ns() -> int:
+    """Now by the clock that stamps file times (Linux), or by the wall clock."""
+    if _COARSE_REALTIME is not None:
+        return time.clock_gettime_ns(_COARSE_REALTIME)
+    return time.time_ns()
 
 
 def wake_directory(database: str, table: str, queue: str) -> Path | None:
@@ -103,7 +112,7 @@ class Waker:
         """The sockets in ``directory``; listed again only if its mtime moved, or may not have yet."""
         # Read before the stat: if the stamp is a whole step older than this,
         # a socket bound from now on moves it.
-        now = time.time_ns()
+        now = stamp_clock_ns()
         mtime = os.stat(directory).st_mtime_ns
         listing = self._listing
         if listing is not None and listing[0] == mtime:
@@ -112,8 +121,10 @@ class Waker:
         # A file system stamps mtimes in coarse steps: a socket bound within the
         # step of the last change leaves the mtime as listed. A listing is kept
         # only once that step has passed; until then it is made again each time.
-        tick = _FINE_MTIME_TICK_NS if mtime % 1_000_000 else _MTIME_TICK_NS
-        if now - mtime > tick:
+        # Where stamps have digits below the millisecond, Linux's come from the
+        # clock read above: a socket bound from now on is stamped at least that.
+        fine = _COARSE_REALTIME is not None and mtime % 1_000_000 != 0
+        if now - mtime > (1_000_000 if fine else _MTIME_TICK_NS):
             self._listing = (mtime, paths)
         else:
             self._listing = None
