@@ -6,6 +6,7 @@ import contextvars
 import math
 import threading
 from collections.abc import Callable
+from typing import Any, Final
 
 from .errors import Cancelled
 from .status import MAX_NOTE, Progress
@@ -13,6 +14,9 @@ from .status import MAX_NOTE, Progress
 # Guards the lazy creation of cancel events; taken only when a job first looks
 # at its token or shutdown cancels a run, never on the hot path.
 _cancel_lock = threading.Lock()
+
+#: A RunInfo's ``subject`` when none is given: its reports go to ``report(progress)``.
+_NO_SUBJECT: Final = object()
 
 
 class RunInfo:
@@ -22,6 +26,7 @@ class RunInfo:
         "_cancel_requested",
         "_event",
         "_report",
+        "_subject",
         "attempt",
         "id",
         "latest_progress",
@@ -29,15 +34,22 @@ class RunInfo:
         "name",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - by position: see below
         self,
         id: str,
         name: str,
         attempt: int,
         max_attempts: int,
-        report: Callable[[Progress], object] | None = None,
+        report: Callable[[Progress], object] | Callable[[Any, Progress], object] | None = None,
+        subject: object = _NO_SUBJECT,
     ) -> None:
-        # ``report`` may come by position: a class called with a keyword argument costs a dict per call.
+        """Each :meth:`progress` report goes to ``report(progress)``, or ``report(subject, progress)`` given a subject.
+
+        The worker passes its store's method and the job's envelope: no
+        object made per run to bind them (a ``partial`` cost a twentieth of
+        a no-op run). Both may come by position: a class called with a
+        keyword argument costs a dict per call.
+        """
         self.id = id
         self.name = name
         #: 0-based number of this run.
@@ -47,7 +59,8 @@ class RunInfo:
         self._cancel_requested = False
         #: What the run last reported with :meth:`progress` (None before it does).
         self.latest_progress: Progress | None = None
-        self._report = report
+        self._report: Callable[..., object] | None = report
+        self._subject = subject
 
     @property
     def cancelled(self) -> threading.Event:
@@ -90,8 +103,12 @@ class RunInfo:
         """
         self.latest_progress = progress = self._checked_progress(done, total, note)
         report = self._report  # read once: an abandoning thread may clear it meanwhile
-        if report is not None:
+        if report is None:
+            return
+        if self._subject is _NO_SUBJECT:
             report(progress)
+        else:
+            report(self._subject, progress)
 
     def stop_reports(self) -> None:
         """Pass no more reports on (the run was abandoned); :attr:`latest_progress` still follows them."""

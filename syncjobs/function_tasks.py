@@ -132,10 +132,15 @@ class Task(Generic[P, R]):
         JSON round trip: a ``QueueError`` naming the task and the parameter
         says which did not, and nothing is enqueued.
         """
-        try:
-            positional, named = self._call.arguments(args, kwargs)
-        except TypeError as exc:
-            raise QueueError(f"task {self.name!r}: {exc}") from None
+        call = self._call
+        named: dict[str, Any] = kwargs
+        positional: list[Any] = []
+        # Every parameter by name, the common form, fits without a check.
+        if args or kwargs.keys() != call.all_by_name:
+            try:
+                positional, named = call.arguments(args, kwargs)
+            except TypeError as exc:
+                raise QueueError(f"task {self.name!r}: {exc}") from None
         try:
             job = self.job_class(positional, named)
             return self._send(job, **self._options) if self._options else self._send(job)
@@ -369,12 +374,13 @@ class _Call:
         # Every parameter, where each can be given by name and none gathers the rest: a call giving exactly
         # these by name, and nothing by position, fits without a check (the common form of a dispatch).
         by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-        self._all_by_name = frozenset(p.name for p in parameters) if all(k in by_name for k in kinds) else None
+        self.all_by_name = frozenset(p.name for p in parameters) if all(k in by_name for k in kinds) else None
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-        """The call's ``args`` and ``kwargs`` as they travel; ``TypeError`` (as the call's own) if they do not fit."""
-        if not args and kwargs.keys() == self._all_by_name:
-            return [], kwargs
+        """The call's ``args`` and ``kwargs`` as they travel; ``TypeError`` (as the call's own) if they do not fit.
+
+        Not asked of a call that gives exactly ``all_by_name`` by name, and nothing by position: that one fits.
+        """
         self._check(*args, **kwargs)
         first = self._positional_only
         if len(args) <= first or len(args) > first + len(self._by_name):

@@ -9,6 +9,10 @@ import time
 _RANDOM_KEPT = ((1 << 80) - 1) & ~(0xF << 76) & ~(0b11 << 62)
 _VERSION_AND_VARIANT = (0x7 << 76) | (0b10 << 62)
 
+#: The millisecond of the last id made, and its first 13 characters (the time, in hex): one tuple, so
+#: that threads swap it whole. Ids made in the same millisecond (most, under load) share the work.
+_last_time: tuple[int, str] = (-1, "")
+
 
 def new_job_id() -> str:
     """A UUIDv7 (RFC 9562) as the canonical 36-character string.
@@ -18,11 +22,15 @@ def new_job_id() -> str:
     the ``random`` module, which reseeds in a forked child; ids need to be
     unique, not secret.
     """
+    global _last_time  # noqa: PLW0603 - a cache; threads racing on it each write a correct one
     millis = time.time_ns() // 1_000_000
-    bits = (millis << 80) | (random.getrandbits(80) & _RANDOM_KEPT) | _VERSION_AND_VARIANT
+    last = _last_time
+    if last[0] != millis:
+        stamp = millis.to_bytes(6, "big").hex()
+        last = _last_time = (millis, f"{stamp[:8]}-{stamp[8:]}-")
     # One conversion to hex, then slices: a fifth cheaper than formatting each group apart.
-    digits = bits.to_bytes(16, "big").hex()
-    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+    digits = ((random.getrandbits(80) & _RANDOM_KEPT) | _VERSION_AND_VARIANT).to_bytes(10, "big").hex()
+    return f"{last[1]}{digits[:4]}-{digits[4:8]}-{digits[8:]}"
 
 
 def created_at(job_id: str) -> float | None:

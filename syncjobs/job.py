@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from typing_extensions import Self
 
@@ -73,7 +73,9 @@ class Job:
         Fields with ``init=False`` are left out: ``__init__`` (or
         ``__post_init__``) derives them again on the way back.
         """
-        names = _init_field_names(type(self))
+        names = _field_names.get(type(self), _UNKNOWN)  # as in from_payload()
+        if names is _UNKNOWN:
+            names = _init_field_names(type(self))
         if names is None:
             return dict(vars(self))
         return {name: getattr(self, name) for name in names}
@@ -85,7 +87,10 @@ class Job:
         Dataclasses go through their ``__init__``; plain classes get their
         attributes restored as they were, without calling ``__init__``.
         """
-        if _init_field_names(cls) is not None:
+        names = _field_names.get(cls, _UNKNOWN)  # the dict itself: a call costs a tenth of a no-op run
+        if names is _UNKNOWN:
+            names = _init_field_names(cls)
+        if names is not None:
             return cls(**data)
         job = cls.__new__(cls)
         vars(job).update(data)
@@ -111,6 +116,7 @@ class Job:
 
 # Per class, computed once: dataclasses.fields() costs more than the copy it guides.
 _field_names: dict[type, tuple[str, ...] | None] = {}
+_UNKNOWN: Final = ("not yet looked at",)
 
 
 def _init_field_names(cls: type) -> tuple[str, ...] | None:

@@ -387,7 +387,8 @@ class MemoryStore:
         ids.append(job_id)
         # Unlocked: a prune racing this may write a later time over it, no later than _PRUNE_EVERY from its
         # own: the first finish from then on prunes (status() reads each record's expiry itself meanwhile).
-        self._next_expiry = min(self._next_expiry, expires)
+        if expires < self._next_expiry:  # noqa: PLR1730 - min() costs a tenth of what a no-op job's record does
+            self._next_expiry = expires
         if self._next_expiry <= now or len(self._records) > MAX_RECORDS:
             self._prune(now)
 

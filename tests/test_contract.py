@@ -1228,6 +1228,7 @@ def test_a_payload_nested_too_deeply_is_a_queue_error(make_queue: QueueFactory) 
 
 def test_from_payload_and_retry_wait_run_in_the_dispatch_context(make_queue: QueueFactory) -> None:
     seen: list[tuple[str, str]] = []
+    outside: list[syncjobs.RunInfo | None] = []
 
     @dataclasses.dataclass
     class Contextual(syncjobs.Job):
@@ -1240,10 +1241,12 @@ def test_from_payload_and_retry_wait_run_in_the_dispatch_context(make_queue: Que
             return cls()
 
         def run(self) -> None:
+            request_id.set("set by the run")  # the run's own context: neither retry_wait nor the next run sees it
             raise syncjobs.Retryable("again")
 
         def retry_wait(self, failed_attempt: int) -> float:
             seen.append(("retry_wait", request_id.get()))
+            outside.append(syncjobs.current_job())
             return 0.0
 
     queue = make_queue()
@@ -1256,6 +1259,7 @@ def test_from_payload_and_retry_wait_run_in_the_dispatch_context(make_queue: Que
     finally:
         request_id.reset(token)
     assert seen == [("from_payload", "req-ctx"), ("retry_wait", "req-ctx"), ("from_payload", "req-ctx")]
+    assert outside == [None]  # retry_wait() is not part of the run
 
 
 def test_a_retry_waits_at_least_its_backoff_by_the_real_clock(make_queue: QueueFactory) -> None:
