@@ -254,7 +254,7 @@ class _ProcessState:
 class Connections:
     """The connections of one store (or admin) to one database URL, in this process."""
 
-    def __init__(self, connector: Connector, *, pool_size: int = DEFAULT_POOL_SIZE, session: str | None = None) -> None:
+    def __init__(self, connector: Connector, *, pool_size: int = DEFAULT_POOL_SIZE) -> None:
         self.connector = connector
         self.dialect = connector.dialect
         self.pool_size = pool_size
